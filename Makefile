@@ -1,0 +1,28 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   - create .venv, install, run the pipeline on the bundled digits model
+#   make test   - create .venv, install, run the whole test suite
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DEMO_DIR ?= demo-bundle
+
+.PHONY: setup demo test clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# constraints.txt pins torch/torchvision to the builds on this machine's disk (tests and CI only)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH bash scripts/demo.sh $(DEMO_DIR)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR)

@@ -1,0 +1,52 @@
+"""The one place heavy optional modules are imported.
+
+``require("torch")`` returns the module or raises MissingDependencyError with the pip line that
+installs it, so a missing optional dependency is one clear line, never an ImportError traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# module -> what to install for it
+_INSTALL_HINTS = {
+    "torch": "pip install 'vitdeploy[export]'",
+    "torchvision": "pip install 'vitdeploy[export]'",
+    "timm": "pip install 'vitdeploy[export]' (or: pip install timm)",
+    "transformers": "pip install 'vitdeploy[export]' (or: pip install transformers)",
+    "onnxscript": "pip install 'vitdeploy[export]' (or: pip install onnxscript)",
+    "onnxslim": "pip install onnxslim",
+    "onnxconverter_common": "pip install onnxconverter-common",
+    "sklearn": "pip install scikit-learn",
+    "onnxruntime": "pip install onnxruntime (or onnxruntime-gpu on a CUDA machine)",
+    "onnx": "pip install onnx",
+    "tensorrt": "install TensorRT on the target (JetPack ships it; on servers: pip install tensorrt)",
+    "cuda": "pip install cuda-python",
+    "pycuda": "pip install pycuda (needs a CUDA driver)",
+    "matplotlib": "pip install matplotlib",
+    "PIL": "pip install pillow",
+    "tritonclient": "pip install tritonclient",
+}
+
+
+def require(module: str, purpose: str | None = None) -> ModuleType:
+    """Import ``module`` or raise MissingDependencyError naming what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        from .errors import MissingDependencyError
+
+        top = module.split(".")[0]
+        hint = _INSTALL_HINTS.get(top, f"pip install {top}")
+        what = f" for {purpose}" if purpose else ""
+        raise MissingDependencyError(f"{module} is needed{what} but cannot be imported ({exc}); {hint}") from None
+
+
+def available(module: str) -> bool:
+    """True when ``module`` imports (used to choose a backend, never to fail)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
