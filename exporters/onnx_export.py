@@ -1,0 +1,93 @@
+"""PyTorch -> ONNX with the dynamo exporter (opset 20).
+
+Why dynamo, not the TorchScript-based exporter (measured here, torch 2.13-2.14, see DESIGN.md):
+the TorchScript exporter records timm's native-size shortcut, so its graph fails at any other size,
+and it cannot export antialiased resizes; its graphs also ran 15-60% slower in ORT. The dynamo
+exporter keeps symbolic H/W through the position-table Resize, emits one LayerNormalization per LN
+(TensorRT's FP16-safe normalization layer) and a Gelu node at opset 20.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+OPSET = 20
+INPUT_NAME = "images"
+OUTPUT_NAMES = ("logits", "probs")
+
+
+def export_graph(module: torch.nn.Module, example: torch.Tensor, dynamic_hw: bool, opset: int = OPSET) -> tuple[Any, float]:
+    """Export ``module`` (images -> (logits, probs)); returns (onnx.ModelProto, seconds)."""
+    from torch.export import Dim
+
+    axes = {0: Dim.DYNAMIC}
+    if dynamic_hw:
+        hw_axes = (1, 2) if example.dim() == 4 and example.shape[-1] == 3 else (2, 3)
+        axes.update({hw_axes[0]: Dim.DYNAMIC, hw_axes[1]: Dim.DYNAMIC})
+    start = time.perf_counter()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module,
+            (example,),
+            dynamo=True,
+            opset_version=opset,
+            input_names=[INPUT_NAME],
+            output_names=list(OUTPUT_NAMES),
+            dynamic_shapes={"images": axes},
+            external_data=False,
+            verbose=False,
+        )
+    model = program.model_proto
+    _name_dynamic_axes(model, dynamic_hw, hw_axes if dynamic_hw else ())
+    return model, time.perf_counter() - start
+
+
+def _name_dynamic_axes(model: Any, dynamic_hw: bool, hw_axes: tuple[int, ...]) -> None:
+    """Give the symbolic dims readable names (batch, height, width) on inputs and outputs."""
+    names = {0: "batch"}
+    if dynamic_hw:
+        names.update({hw_axes[0]: "height", hw_axes[1]: "width"})
+    renames: dict[str, str] = {}
+    for value in model.graph.input:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param and axis in names:
+                renames[dim.dim_param] = names[axis]
+    for value in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in renames:
+                dim.dim_param = renames[dim.dim_param]
+
+
+def simplify_if_identical(model: Any, probe: np.ndarray) -> tuple[Any, dict[str, Any]]:
+    """Run onnxslim and keep its graph only if ORT outputs stay identical on ``probe``.
+
+    Simplifiers may fold or drop nodes; we accept the cleaner graph only when every output is
+    bit-identical on real-looking input, otherwise keep the exporter's graph and say why.
+    """
+    from vitdeploy.lazy import available
+
+    if not available("onnxslim"):
+        return model, {"simplifier": None, "reason": "onnxslim not installed"}
+    import onnxslim
+
+    from vitdeploy.runtime.ort import OrtRunner
+
+    try:
+        slim = onnxslim.slim(model)
+    except Exception as exc:  # a simplifier bug must not break the export
+        return model, {"simplifier": "onnxslim", "applied": False, "reason": f"onnxslim failed: {exc.__class__.__name__}"}
+    before = OrtRunner(model.SerializeToString(), threads=1).infer(probe)
+    after = OrtRunner(slim.SerializeToString(), threads=1).infer(probe)
+    identical = all(np.array_equal(before[k], after[k]) for k in before)
+    nodes = (len(model.graph.node), len(slim.graph.node))
+    if identical:
+        return slim, {"simplifier": "onnxslim", "version": onnxslim.__version__, "applied": True, "nodes_before": nodes[0], "nodes_after": nodes[1]}
+    worst = max(float(np.abs(before[k].astype(np.float64) - after[k]).max()) for k in before)
+    return model, {"simplifier": "onnxslim", "applied": False, "reason": f"outputs changed (max |d| {worst:.3g})"}

@@ -1,0 +1,36 @@
+"""`vitdeploy costs`."""
+
+from __future__ import annotations
+
+import click
+
+from ..spec import parse_resolution
+from .common import command, echo_json, split_csv
+
+
+@command("costs")
+@click.argument("source", required=False)
+@click.option("--resolutions", default=None, help="Comma-separated N or HxW (default: the model's native size).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+def command(source, resolutions, batch, as_json):
+    """Analytic cost of a ViT across resolutions (chapter §39.5): N, L, L^2, MACs, attention share, params.
+
+    SOURCE is a bundle, a vitdeploy .onnx, or a model source (builtin:digits by default, timm:<model>, hf:<dir>).
+
+    \b
+    Example:
+      vitdeploy costs timm:vit_base_patch16_224 --resolutions 224,384
+      vitdeploy costs digits-bundle --json
+    """
+    from ..costs import costs_table
+    from ..describe import print_costs, resolve_spec
+
+    spec, title = resolve_spec(source)
+    sizes = [parse_resolution(r) for r in split_csv(resolutions)] or [tuple(spec.image_size)]
+    for h, w in sizes:
+        spec.grid(h, w)  # one clear line for a size the patches don't tile
+    if as_json:
+        echo_json({"source": title, "spec": spec.to_dict(), "batch": batch, "rows": [r.to_dict() for r in costs_table(spec, sizes, batch)]})
+    else:
+        print_costs(spec, sizes, batch, title)

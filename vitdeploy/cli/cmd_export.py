@@ -1,0 +1,66 @@
+"""`vitdeploy export`."""
+
+from __future__ import annotations
+
+import click
+
+from ..spec import parse_resolution
+from .common import command, split_csv
+
+
+@command("export")
+@click.argument("source", required=False, default="builtin:digits")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle folder to write (replaced atomically).")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), help="Weights for timm sources: .safetensors, or .pt/.pth loaded with weights_only=True.")
+@click.option("--num-classes", type=click.IntRange(min=1), help="Classifier width for timm sources (inferred from the checkpoint's head if omitted).")
+@click.option("--labels", "labels_file", type=click.Path(dir_okay=False), help="labels.txt, one label per line in index order (overrides the source's labels).")
+@click.option("--resolution", help="Static export at N or HxW: the position table is re-interpolated offline.")
+@click.option("--dynamic-resolution", is_flag=True, help="Symbolic H/W; the position table is interpolated inside the graph.")
+@click.option("--resize", is_flag=True, help="Resize inside the graph from any input size to the model resolution (bilinear, no antialias).")
+@click.option("--channel-order", type=click.Choice(["rgb", "bgr"]), default="rgb", show_default=True, help="Channel order of the uint8 input (bgr for OpenCV pipelines).")
+@click.option("--input", "input_format", type=click.Choice(["uint8-nhwc", "float-nchw"]), default="uint8-nhwc", show_default=True, help="float-nchw: the caller preprocesses.")
+@click.option("--pos-interp", type=click.Choice(["bicubic", "bilinear"]), default="bicubic", show_default=True, help="Position-table interpolation method.")
+@click.option("--align-corners/--no-align-corners", default=False, show_default=True, help="Corner convention of the position-table interpolation.")
+@click.option("--antialias/--no-antialias", default=False, show_default=True, help="Antialias when shrinking the table (TensorRT's parser does not implement it).")
+@click.option("--precision", default="fp32", show_default=True, help="Graphs to write: fp32, or fp32,fp16 (fp16 also writes model.fp16.onnx).")
+@click.option("--keep-fp32", default="", help="Extra op types kept in fp32 in the fp16 graph, comma-separated.")
+@click.option("--no-simplify", is_flag=True, help="Keep the exporter's graph (onnxslim is applied only when outputs stay identical).")
+@click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
+@click.option("--check-images", type=click.IntRange(min=1), default=64, show_default=True, help="Seeded images per size for the parity check.")
+def command(source, out_dir, checkpoint, num_classes, labels_file, resolution, dynamic_resolution, resize, channel_order,
+            input_format, pos_interp, align_corners, antialias, precision, keep_fp32, no_simplify, no_check, check_images):
+    """Export SOURCE to a bundle: ONNX that takes raw uint8 images, with preprocessing, labels and spec bound in.
+
+    SOURCE is builtin:digits (default), timm:<model>, hf:<directory saved with save_pretrained>, or
+    ref:<checkpoint.safetensors> (a vitdeploy reference ViT with its .json beside it).
+
+    \b
+    Example:
+      vitdeploy export -o digits-bundle
+      vitdeploy export timm:vit_small_patch16_224 --checkpoint ft.safetensors -o vits --resolution 384
+      vitdeploy export hf:./my-vit -o myvit --dynamic-resolution --channel-order bgr
+    """
+    from vitdeploy.exporters import ExportOptions, export
+    from vitdeploy.posembed import PosEmbedInterpolation
+
+    precisions = tuple(split_csv(precision)) or ("fp32",)
+    if "fp16" in precisions and "fp32" not in precisions:
+        precisions = ("fp32",) + precisions  # fp16 is derived from the verified fp32 graph
+    options = ExportOptions(
+        checkpoint=checkpoint,
+        num_classes=num_classes,
+        labels_file=labels_file,
+        resolution=parse_resolution(resolution) if resolution else None,
+        dynamic_resolution=dynamic_resolution,
+        resize=resize,
+        channel_order=channel_order,
+        input_format=input_format,
+        interpolation=PosEmbedInterpolation(pos_interp, align_corners, antialias),
+        precisions=precisions,
+        keep_fp32=tuple(split_csv(keep_fp32)),
+        simplify=not no_simplify,
+        check=not no_check,
+        check_images=check_images,
+    )
+    bundle = export(source, out_dir, options, log=click.echo)
+    click.echo(f"bundle written: {bundle.root} ({', '.join(bundle.precisions())})")

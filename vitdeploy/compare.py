@@ -1,0 +1,92 @@
+"""Numeric and task evidence between a reference and a candidate (pure numpy).
+
+Numeric: max |d|, max relative d (scaled by the reference's magnitude), mean |d|, cosine similarity
+(per sample, worst and mean), top-1 / top-5 agreement. Task: accuracy against labels.
+Like Optimum's validate_model_outputs, gates collect every failure before one verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class OutputStats:
+    name: str
+    max_abs: float
+    max_rel: float  # max |d| / max |ref|
+    mean_abs: float
+    cosine_min: float  # worst per-sample cosine similarity
+    cosine_mean: float
+    top1_agreement: float
+    top5_agreement: float
+    count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.reshape(len(a), -1).astype(np.float64)
+    b = b.reshape(len(b), -1).astype(np.float64)
+    num = (a * b).sum(axis=1)
+    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.where(den > 0, num / np.where(den > 0, den, 1), np.where(np.abs(a - b).max(axis=1) == 0, 1.0, 0.0))
+    return cos
+
+
+def topk_agreement(ref: np.ndarray, cand: np.ndarray, k: int) -> float:
+    """Share of samples whose reference top-1 class is within the candidate's top-k."""
+    k = min(k, ref.shape[-1])
+    ref_top1 = ref.argmax(axis=-1)
+    cand_topk = np.argsort(-cand, axis=-1)[:, :k]
+    return float((cand_topk == ref_top1[:, None]).any(axis=1).mean())
+
+
+def compare_outputs(name: str, ref: np.ndarray, cand: np.ndarray) -> OutputStats:
+    ref = np.asarray(ref, dtype=np.float64)
+    cand = np.asarray(cand, dtype=np.float64)
+    if ref.shape != cand.shape:
+        raise ValueError(f"output {name}: shapes differ, reference {ref.shape} vs candidate {cand.shape}")
+    diff = np.abs(ref - cand)
+    scale = float(np.abs(ref).max()) or 1.0
+    cos = cosine_rows(ref, cand)
+    return OutputStats(
+        name=name,
+        max_abs=float(diff.max()),
+        max_rel=float(diff.max() / scale),
+        mean_abs=float(diff.mean()),
+        cosine_min=float(cos.min()),
+        cosine_mean=float(cos.mean()),
+        top1_agreement=topk_agreement(ref, cand, 1),
+        top5_agreement=topk_agreement(ref, cand, 5),
+        count=len(ref),
+    )
+
+
+def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    return float((np.asarray(logits).argmax(axis=-1) == np.asarray(labels)).mean())
+
+
+@dataclass
+class Gate:
+    """One pass/fail rule: ``value`` compared with ``limit`` (``<=`` or ``>=``)."""
+
+    name: str
+    value: float
+    limit: float
+    op: str  # "<=" or ">="
+    passed: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.passed = bool(self.value <= self.limit) if self.op == "<=" else bool(self.value >= self.limit)
+
+    def describe(self) -> str:
+        return f"{self.name} = {self.value:.4g} (limit {self.op} {self.limit:g})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

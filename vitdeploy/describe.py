@@ -1,0 +1,110 @@
+"""What `inspect` and `costs` print: the bound metadata of an artifact and the cost model's table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .bundle import Bundle
+from .costs import CostReport, costs_table
+from .console import get_console
+from .spec import ViTSpec
+
+
+def resolve_spec(target: str | None) -> tuple[ViTSpec, str]:
+    """The spec of a bundle, a vitdeploy .onnx, or a model source (builtin:/timm:/hf:/ref:)."""
+    if target and Path(target).exists() and (Path(target).is_dir() and (Path(target) / "manifest.json").exists() or target.endswith(".onnx")):
+        bundle = Bundle.open(target)
+        return bundle.spec, str(target)
+    from .errors import UserError
+
+    text = target or "builtin:digits"
+    if text.startswith("builtin:"):
+        # builtin configs are JSON: no torch needed to know their shape
+        from .builtin import get_builtin
+
+        return ViTSpec.from_dict(get_builtin(text.split(":", 1)[1]).load_config()["spec"]), text
+    if ":" not in text:
+        raise UserError(f"{text!r} is neither a bundle, a .onnx file, nor a source like timm:<model>")
+    from vitdeploy.exporters.sources import load_source
+
+    return load_source(text).spec, text
+
+
+def cost_rows(reports: list[CostReport]) -> list[dict[str, Any]]:
+    return [r.to_dict() for r in reports]
+
+
+def print_costs(spec: ViTSpec, resolutions: list[tuple[int, int]], batch: int, title: str) -> None:
+    from rich.table import Table
+
+    reports = costs_table(spec, resolutions, batch)
+    table = Table(title=f"{title}: analytic cost (MAC = one multiply-add; FLOPs = 2 x MACs), batch {batch}")
+    for col in ("HxW", "grid", "N", "L", "L^2/head", "GMACs", "GFLOPs", "attn share", "attn scores fp32/layer", "params"):
+        table.add_column(col, justify="right")
+    for r in reports:
+        table.add_row(
+            f"{r.height}x{r.width}", f"{r.grid[0]}x{r.grid[1]}", str(r.num_patches), str(r.seq_len), str(r.attn_scores_per_head),
+            f"{r.macs_total / 1e9:.3f}", f"{r.flops_total / 1e9:.3f}", f"{r.attention_share:.1%}",
+            _bytes(r.attn_score_bytes_fp32), f"{r.params / 1e6:.2f}M",
+        )
+    console = get_console()
+    console.print(table)
+    console.print(f"attention/MLP crossover: L = (2 + rho) d = {reports[0].crossover_seq_len:g} "
+                  f"(d = {spec.embed_dim}, rho = {spec.mlp_ratio:g}); below it projections + MLP dominate the MACs")
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def inspect_report(target: str) -> dict[str, Any]:
+    """Everything bound into a bundle or a vitdeploy ONNX file, plus the cost at its resolution."""
+    bundle = Bundle.open(target)
+    res = bundle.resolution
+    size = (res["height"], res["width"])
+    report = {
+        "path": str(target),
+        "manifest": bundle.manifest if bundle.bare_onnx is None else None,
+        "metadata": bundle.manifest if bundle.bare_onnx is not None else {k: bundle.manifest.get(k) for k in ("source", "spec", "preprocessing", "labels", "resolution", "graph")},
+        "precisions": bundle.precisions(),
+        "costs": costs_table(bundle.spec, [size], 1)[0].to_dict(),
+    }
+    return report
+
+
+def print_inspect(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    meta = report["metadata"]
+    spec, pre, res, src = meta["spec"], meta["preprocessing"], meta["resolution"], meta["source"]
+    table = Table(title=f"vitdeploy artifact: {report['path']}", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    table.add_row("source", f"{src.get('kind')}:{src.get('name')}" + (f" (checkpoint {src['checkpoint']})" if src.get("checkpoint") else ""))
+    table.add_row("weights sha256", str(src.get("weights_sha256")))
+    table.add_row("architecture", f"{spec.get('family')}: patch {spec['patch_size'][0]}x{spec['patch_size'][1]}, d={spec['embed_dim']}, "
+                  f"depth {spec['depth']}, heads {spec['num_heads']}, mlp ratio {spec['mlp_ratio']:g}, "
+                  f"prefix tokens {spec.get('num_prefix_tokens')}, readout {spec['global_pool']}")
+    table.add_row("resolution", f"{res['mode']} {res['height']}x{res['width']} (native {res['native'][0]}x{res['native'][1]}); "
+                  f"position table: {res['pos_embed_interpolation'].get('description')}")
+    table.add_row("input", f"{pre['input']} {pre['channel_order'].upper()}, size {pre['input_size'] or 'any valid H/W'}"
+                  + (f", resized in graph to {pre['in_graph_resize']['to']}" if pre.get("in_graph_resize") else ""))
+    table.add_row("preprocessing", f"x = (p * {pre['scale']} - mean) / std; mean {_fmt(pre['mean'])}, std {_fmt(pre['std'])} (from {pre.get('config_source')})")
+    table.add_row("host resize", json.dumps(pre.get("host_resize")))
+    labels = meta.get("labels") or []
+    table.add_row("labels", f"{len(labels)}: {', '.join(labels[:10])}{' …' if len(labels) > 10 else ''}")
+    table.add_row("graphs", ", ".join(report["precisions"]))
+    c = report["costs"]
+    table.add_row("cost", f"N={c['num_patches']}, L={c['seq_len']}, {c['macs_total'] / 1e9:.3f} GMACs ({c['flops_total'] / 1e9:.3f} GFLOPs), "
+                  f"attention {c['attention_share']:.1%}, params {c['params'] / 1e6:.2f}M")
+    get_console().print(table)
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.4g}" for v in values) + "]"
