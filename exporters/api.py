@@ -20,7 +20,7 @@ from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
 
 from .graph import INPUT_FORMATS, DeployGraph
-from .onnx_export import OPSET, export_graph, simplify_if_identical
+from .onnx_export import OPSET, export_graph, module_output_map, patch_embed_tensors, simplify_if_identical, strip_trace_metadata
 from .regrid import make_dynamic, regrid_static
 from .sources import LoadedModel, load_source
 
@@ -65,13 +65,17 @@ def export(source: str | None, out_dir: str | Path, options: ExportOptions | Non
     height, width = resolution["height"], resolution["width"]
     resize_to = (height, width) if opts.resize else None
     module = DeployGraph(variant.model, preprocessing, opts.input_format, resize_to).eval()
-    example = _example(opts, height, width)
+    example = _example(opts, height, width, variant.spec.patch_size)
     model_proto, seconds = export_graph(module, example, dynamic_hw=opts.dynamic_resolution or opts.resize, opset=opts.opset)
     log(f"exported with torch.onnx (dynamo, opset {opts.opset}) in {seconds:.1f} s: {len(model_proto.graph.node)} nodes")
+    strip_trace_metadata(model_proto)
+    modules = module_output_map(model_proto, [f"model.{m}" for m in torch_module_names(variant)])
     simplify_record: dict[str, Any] = {"simplifier": None}
     if opts.simplify:
         model_proto, simplify_record = simplify_if_identical(model_proto, _probe(opts, height, width))
         log("simplified with onnxslim (outputs identical)" if simplify_record.get("applied") else f"kept the exporter's graph: {simplify_record.get('reason')}")
+    tensors = {node_out for node in model_proto.graph.node for node_out in node.output}
+    modules = {m: t for m, t in modules.items() if t in tensors}  # a simplifier may rename a few
 
     manifest = {
         "format": FORMAT,
@@ -92,6 +96,10 @@ def export(source: str | None, out_dir: str | Path, options: ExportOptions | Non
                       "layout": "NHWC" if opts.input_format == "uint8-nhwc" else "NCHW"},
             "outputs": ["logits", "probs"],
             "export_seconds": round(seconds, 2),
+            # ONNX tensors holding PyTorch module outputs (for `check` localisation) and the
+            # patch-embedding Conv (for the preprocessing and patch-grid protocol checks)
+            "module_outputs": {m.removeprefix("model."): t for m, t in modules.items()},
+            "patch_embed": patch_embed_tensors(model_proto) if opts.input_format == "uint8-nhwc" else None,
             **{f"simplify_{k}": v for k, v in simplify_record.items()},
         },
     }
@@ -162,7 +170,12 @@ def _preprocessing_contract(loaded: LoadedModel, opts: ExportOptions, resolution
     }
 
 
-def _example(opts: ExportOptions, height: int, width: int) -> torch.Tensor:
+def _example(opts: ExportOptions, height: int, width: int, patch: tuple[int, int]) -> torch.Tensor:
+    if opts.dynamic_resolution:
+        # Trace at a non-native, non-square size: sources with a native-size shortcut (HF's
+        # interpolate_pos_encoding returns the stored table when the grid matches) would otherwise
+        # record the shortcut, and the graph would fail at every other size.
+        width = width + 2 * patch[1]
     if opts.input_format == "float-nchw":
         return torch.randn(2, 3, height, width)
     if opts.resize:
@@ -208,6 +221,19 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
             shutil.copytree(old_dir / sub, stage / sub)
     if old.get("engines"):
         manifest["engines"] = old["engines"]
+
+
+def torch_module_names(loaded: LoadedModel) -> list[str]:
+    """PyTorch modules whose outputs localise a divergence: each block, the final norm, the head."""
+    depth = loaded.spec.depth
+    if loaded.family == "hf":
+        names = {name for name, _ in loaded.model.named_modules()}
+        base = "hf.deit" if "hf.deit" in names else "hf.vit"
+        # transformers 5 keeps the blocks in `<base>.layers`, 4.x in `<base>.encoder.layer`
+        blocks = f"{base}.layers" if f"{base}.layers.0" in names else f"{base}.encoder.layer"
+        head = "hf.cls_classifier" if "hf.cls_classifier" in names else "hf.classifier"
+        return [f"{blocks}.{i}" for i in range(depth)] + [f"{base}.layernorm", head]
+    return [f"blocks.{i}" for i in range(depth)] + ["norm", "head"]
 
 
 # -- verification ----------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ exporter keeps symbolic H/W through the position-table Resize, emits one LayerNo
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 import warnings
 from pathlib import Path
@@ -31,7 +33,9 @@ def export_graph(module: torch.nn.Module, example: torch.Tensor, dynamic_hw: boo
         hw_axes = (1, 2) if example.dim() == 4 and example.shape[-1] == 3 else (2, 3)
         axes.update({hw_axes[0]: Dim.DYNAMIC, hw_axes[1]: Dim.DYNAMIC})
     start = time.perf_counter()
-    with warnings.catch_warnings(), torch.no_grad():
+    # verbose stays at its default: it keeps the per-node module scopes we map back to PyTorch;
+    # the exporter's progress lines go to a buffer instead of the user's terminal.
+    with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             module,
@@ -42,11 +46,59 @@ def export_graph(module: torch.nn.Module, example: torch.Tensor, dynamic_hw: boo
             output_names=list(OUTPUT_NAMES),
             dynamic_shapes={"images": axes},
             external_data=False,
-            verbose=False,
         )
     model = program.model_proto
     _name_dynamic_axes(model, dynamic_hw, hw_axes if dynamic_hw else ())
     return model, time.perf_counter() - start
+
+
+SCOPE_KEY = "pkg.torch.onnx.name_scopes"
+
+
+def node_scopes(node: Any) -> list[str]:
+    """Module paths a node was traced in (outermost first), from the dynamo exporter's metadata."""
+    import ast
+
+    for prop in node.metadata_props:
+        if prop.key == SCOPE_KEY:
+            try:
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                return []
+            return [s for s in scopes[:-1] if s]  # drop the root '' and the op's own name
+    return []
+
+
+def module_output_map(model: Any, module_paths: list[str]) -> dict[str, str]:
+    """ONNX tensor that holds each PyTorch module's output: the last node traced inside it.
+
+    This is what lets `check` name the PyTorch module (``blocks.3``) where an artifact diverges.
+    """
+    found: dict[str, str] = {}
+    wanted = set(module_paths)
+    for node in model.graph.node:  # topological order: later nodes overwrite earlier ones
+        for scope in node_scopes(node):
+            if scope in wanted and node.output:
+                found[scope] = node.output[0]
+    return {m: found[m] for m in module_paths if m in found}
+
+
+def patch_embed_tensors(model: Any) -> dict[str, str] | None:
+    """The patch-embedding Conv: its (preprocessed) input, output and weight names."""
+    for node in model.graph.node:
+        if node.op_type == "Conv":
+            return {"input": node.input[0], "output": node.output[0], "weight": node.input[1],
+                    "bias": node.input[2] if len(node.input) > 2 else None}
+    return None
+
+
+def strip_trace_metadata(model: Any) -> None:
+    """Drop the exporter's bulky per-node stack traces; keep only the module scopes."""
+    for node in model.graph.node:
+        keep = [(p.key, p.value) for p in node.metadata_props if p.key == SCOPE_KEY]
+        del node.metadata_props[:]
+        for key, value in keep:
+            node.metadata_props.add(key=key, value=value)
 
 
 def _name_dynamic_axes(model: Any, dynamic_hw: bool, hw_axes: tuple[int, ...]) -> None:

@@ -85,6 +85,8 @@ def _set_image_size(model: Any, family: str, size: tuple[int, int]) -> None:
         base = getattr(model.hf, "vit", None) or getattr(model.hf, "deit")
         pe = base.embeddings.patch_embeddings
         pe.image_size = size
+        if hasattr(base.embeddings, "image_size"):  # transformers >= 5 checks the size here
+            base.embeddings.image_size = size
         pe.num_patches = (size[0] // pe.patch_size[0]) * (size[1] // pe.patch_size[1])
         model.hf.config.image_size = size[0] if size[0] == size[1] else list(size)
 

@@ -292,6 +292,7 @@ def _load_hf(directory: Path) -> LoadedModel:
         raise UserError(f"hf source {directory} is not a directory saved with save_pretrained()")
     if not (directory / "config.json").is_file():
         raise UserError(f"hf source {directory} has no config.json; save the model with save_pretrained()")
+    transformers.utils.logging.disable_progress_bar()  # one line per command, not a weights bar
     config = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
     if config.model_type not in ("vit", "deit"):
         raise UserError(f"hf model type {config.model_type!r} is not supported; vitdeploy exports ViT and DeiT classifiers")

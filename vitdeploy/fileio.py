@@ -19,6 +19,13 @@ from typing import Any, Iterator
 from .errors import UserError
 
 
+def _default_mode(kind: str) -> int:
+    """The permissions a plain open()/mkdir() would give (mkstemp/mkdtemp use 0600/0700)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if kind == "dir" else 0o666) & ~umask
+
+
 def _ensure_dir(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -39,6 +46,7 @@ def atomic_path(target: str | os.PathLike, suffix: str | None = None) -> Iterato
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or ".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, _default_mode("file"))
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
@@ -81,6 +89,7 @@ def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
     target = Path(target)
     _ensure_dir(target.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))
+    os.chmod(staging, _default_mode("dir"))
     try:
         yield staging
         old = None

@@ -74,7 +74,11 @@ class OrtRunner(Runner):
         return list(self._outputs)
 
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        values = self.session.run(self._outputs, {self._input.name: batch})
+        try:
+            values = self.session.run(self._outputs, {self._input.name: batch})
+        except Exception as exc:  # ORT's Fail/InvalidArgument carry the real reason in their text
+            reason = str(exc).strip().splitlines()[0][:300]
+            raise UserError(f"ONNX Runtime failed on input {batch.dtype} {list(batch.shape)}: {reason}") from None
         return dict(zip(self._outputs, values))
 
     def describe(self) -> dict[str, Any]:
