@@ -1,0 +1,77 @@
+// Reading a vitdeploy bundle from C++: manifest.json, labels.txt and engines/<target>/engine.json.
+//
+// Only what an application needs to feed the graph and read its answer: the input size rule,
+// channel order, host resize rule, labels, and each engine's TensorRT version, GPU and profiles.
+// The pixel preprocessing (scale, mean/std, layout) is inside the graph and is not repeated here.
+#pragma once
+
+#include <array>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vitdeploy {
+
+// How the host turns an arbitrary image into the model's input size (manifest preprocessing.host_resize).
+struct HostResize {
+    std::string mode = "stretch";          // "stretch" | "shorter-side-center-crop"
+    std::string interpolation = "bilinear";  // "bilinear" | "bicubic" | "nearest" (the example's resampler)
+    double crop_pct = 0.0;                 // 0: none (a crop_pct of 1)
+};
+
+struct Preprocessing {
+    std::string input = "uint8-nhwc";  // or "float-nchw" (the caller normalises; not handled here)
+    std::string channel_order = "rgb";  // "bgr" graphs take BGR pixels
+    bool has_input_size = false;        // static graph: input_h x input_w only
+    int input_h = 0, input_w = 0;
+    bool in_graph_resize = false;  // the graph resizes any input to resize_to_h x resize_to_w
+    int resize_to_h = 0, resize_to_w = 0;
+    HostResize host_resize;
+};
+
+// One optimisation profile of an engine: {min, opt, max} per axis.
+struct Profile {
+    std::array<int, 3> batch{1, 1, 1}, height{0, 0, 0}, width{0, 0, 0};
+    bool covers(int h, int w) const { return height[0] <= h && h <= height[2] && width[0] <= w && w <= width[2]; }
+};
+
+struct EngineInfo {
+    std::string target;      // engines/<target>
+    std::string dir;         // absolute-or-relative path of that folder
+    std::string plan_path;   // dir/model.plan
+    std::string precision;   // fp32 | fp16 | int8
+    std::string tensorrt;    // TensorRT version that built it, e.g. "10.3.0"
+    std::string gpu_name;
+    std::string compute_capability;  // "8.7"
+    bool version_compatible = false;
+    std::string hardware_compatibility = "none";
+    std::string input_name = "images";
+    std::vector<Profile> profiles;
+};
+
+struct Bundle {
+    std::string root;
+    std::string name;
+    Preprocessing preprocessing;
+    std::vector<std::string> labels;
+    int num_classes = 0;
+    std::array<int, 2> patch_size{0, 0};
+    bool dynamic_resolution = false;
+    int default_h = 0, default_w = 0;  // manifest resolution height/width
+    std::vector<EngineInfo> engines;
+
+    // (H, W) the host feeds: fixed by a static graph, the resize target of a graph that resizes
+    // inside, else `requested` (or the manifest's default) checked against the patch size.
+    // Mirrors vitdeploy.images.model_input_size. Pass {0, 0} for "no request".
+    std::pair<int, int> input_size(std::pair<int, int> requested = {0, 0}) const;
+};
+
+// Throws std::runtime_error with one line naming the file and what to do.
+Bundle read_bundle(const std::string& dir);
+std::vector<std::string> read_labels(const std::string& path);
+EngineInfo read_engine(const std::string& engine_dir, const std::string& target);
+
+// TensorRT versions as engine.json writes them ("10.3.0") -> {major, minor, patch}.
+std::array<int, 3> parse_version(const std::string& text);
+
+}  // namespace vitdeploy

@@ -1,0 +1,180 @@
+#include "vitdeploy/bundle.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace vitdeploy {
+namespace {
+
+using json = nlohmann::json;
+
+json read_json(const std::string& path, const std::string& what_to_do) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot open " + path + "; " + what_to_do);
+    try {
+        return json::parse(in);
+    } catch (const json::exception& e) {
+        throw std::runtime_error(path + " is not valid JSON (" + e.what() + "); " + what_to_do);
+    }
+}
+
+std::string join(const std::string& dir, const std::string& name) {
+    if (dir.empty() || dir.back() == '/') return dir + name;
+    return dir + "/" + name;
+}
+
+std::array<int, 3> triple(const json& j) {
+    if (!j.is_array() || j.size() != 3) throw std::runtime_error("profile entry is not [min, opt, max]");
+    return {j[0].get<int>(), j[1].get<int>(), j[2].get<int>()};
+}
+
+// manifest values may be null; value() throws on null, so read through this.
+template <typename T>
+T get_or(const json& obj, const char* key, T fallback) {
+    auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) return fallback;
+    return it->get<T>();
+}
+
+}  // namespace
+
+std::array<int, 3> parse_version(const std::string& text) {
+    std::array<int, 3> v{0, 0, 0};
+    std::istringstream in(text);
+    std::string part;
+    for (int i = 0; i < 3 && std::getline(in, part, '.'); ++i) {
+        try {
+            v[i] = std::stoi(part);
+        } catch (const std::exception&) {
+            throw std::runtime_error("TensorRT version '" + text + "' is not MAJOR.MINOR.PATCH");
+        }
+    }
+    return v;
+}
+
+std::vector<std::string> read_labels(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot open labels file " + path + "; re-export the bundle");
+    std::vector<std::string> labels;
+    std::string line;
+    while (std::getline(in, line)) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines, as in Python
+        labels.push_back(line);
+    }
+    return labels;
+}
+
+EngineInfo read_engine(const std::string& engine_dir, const std::string& target) {
+    const std::string path = join(engine_dir, "engine.json");
+    json j = read_json(path, "rebuild the engine with `vitdeploy build-engine`");
+    EngineInfo e;
+    e.target = target;
+    e.dir = engine_dir;
+    e.plan_path = join(engine_dir, "model.plan");
+    e.precision = get_or<std::string>(j, "precision", "fp32");
+    e.tensorrt = get_or<std::string>(j, "tensorrt", "");
+    e.version_compatible = get_or<bool>(j, "version_compatible", false);
+    e.hardware_compatibility = get_or<std::string>(j, "hardware_compatibility", "none");
+    if (j.contains("device") && j["device"].is_object()) {
+        e.gpu_name = get_or<std::string>(j["device"], "gpu_name", "");
+        e.compute_capability = get_or<std::string>(j["device"], "compute_capability", "");
+    }
+    if (j.contains("input") && j["input"].is_object()) e.input_name = get_or<std::string>(j["input"], "name", "images");
+    for (const auto& p : j.value("profiles", json::array())) {
+        Profile prof;
+        prof.batch = triple(p.at("batch"));
+        prof.height = triple(p.at("height"));
+        prof.width = triple(p.at("width"));
+        e.profiles.push_back(prof);
+    }
+    if (e.profiles.empty()) throw std::runtime_error(path + " lists no optimisation profile; rebuild the engine");
+    return e;
+}
+
+Bundle read_bundle(const std::string& dir) {
+    const std::string mpath = join(dir, "manifest.json");
+    json m = read_json(mpath, "give a bundle folder written by `vitdeploy export`");
+    if (get_or<std::string>(m, "format", "") != "vitdeploy-bundle/1")
+        throw std::runtime_error(mpath + " is not a vitdeploy-bundle/1 manifest; re-export the bundle");
+    Bundle b;
+    b.root = dir;
+    b.name = get_or<std::string>(m, "name", "");
+    const json& spec = m.at("spec");
+    b.num_classes = spec.at("num_classes").get<int>();
+    b.patch_size = {spec.at("patch_size")[0].get<int>(), spec.at("patch_size")[1].get<int>()};
+
+    const json& pre = m.at("preprocessing");
+    Preprocessing& p = b.preprocessing;
+    p.input = get_or<std::string>(pre, "input", "uint8-nhwc");
+    p.channel_order = get_or<std::string>(pre, "channel_order", "rgb");
+    if (pre.contains("input_size") && pre["input_size"].is_array()) {
+        p.has_input_size = true;
+        p.input_h = pre["input_size"][0].get<int>();
+        p.input_w = pre["input_size"][1].get<int>();
+    }
+    if (pre.contains("in_graph_resize") && pre["in_graph_resize"].is_object()) {
+        p.in_graph_resize = true;
+        const json& to = pre["in_graph_resize"].at("to");
+        p.resize_to_h = to[0].get<int>();
+        p.resize_to_w = to[1].get<int>();
+    }
+    if (pre.contains("host_resize") && pre["host_resize"].is_object()) {
+        const json& hr = pre["host_resize"];
+        p.host_resize.mode = get_or<std::string>(hr, "mode", "stretch");
+        const auto interp = hr.find("interpolation");
+        if (interp != hr.end() && interp->is_number_integer()) {
+            // Hugging Face configs keep PIL's enum.
+            static const char* names[] = {"nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"};
+            int k = interp->get<int>();
+            if (k < 0 || k > 5) throw std::runtime_error(mpath + ": unknown interpolation " + std::to_string(k));
+            p.host_resize.interpolation = names[k];
+        } else {
+            p.host_resize.interpolation = get_or<std::string>(hr, "interpolation", "bilinear");
+        }
+        p.host_resize.crop_pct = get_or<double>(hr, "crop_pct", 0.0);
+    }
+
+    const json& res = m.at("resolution");
+    b.dynamic_resolution = get_or<std::string>(res, "mode", "static") == "dynamic";
+    b.default_h = get_or<int>(res, "height", 0);
+    b.default_w = get_or<int>(res, "width", 0);
+
+    b.labels = read_labels(join(dir, "labels.txt"));
+    if (static_cast<int>(b.labels.size()) != b.num_classes)
+        throw std::runtime_error(join(dir, "labels.txt") + " has " + std::to_string(b.labels.size()) + " labels but the model has " +
+                                 std::to_string(b.num_classes) + " classes; re-export the bundle");
+
+    if (m.contains("engines") && m["engines"].is_object()) {
+        for (const auto& [target, record] : m["engines"].items()) {
+            std::string rel = "engines/" + target;
+            if (record.is_object()) rel = get_or<std::string>(record, "dir", rel);
+            b.engines.push_back(read_engine(join(dir, rel), target));
+        }
+    }
+    return b;
+}
+
+std::pair<int, int> Bundle::input_size(std::pair<int, int> requested) const {
+    const Preprocessing& p = preprocessing;
+    const bool asked = requested.first > 0 && requested.second > 0;
+    if (p.has_input_size && !p.in_graph_resize) {
+        if (asked && requested != std::make_pair(p.input_h, p.input_w))
+            throw std::runtime_error("this graph takes " + std::to_string(p.input_h) + "x" + std::to_string(p.input_w) +
+                                     " images only (static resolution)");
+        return {p.input_h, p.input_w};
+    }
+    if (p.in_graph_resize) return asked ? requested : std::make_pair(p.resize_to_h, p.resize_to_w);
+    std::pair<int, int> size = asked ? requested : std::make_pair(default_h, default_w);
+    if (size.first <= 0 || size.second <= 0)
+        throw std::runtime_error("dynamic-resolution bundle without a default size; pass one");
+    if (size.first % patch_size[0] || size.second % patch_size[1])
+        throw std::runtime_error(std::to_string(size.first) + "x" + std::to_string(size.second) + " is not a multiple of the patch size " +
+                                 std::to_string(patch_size[0]) + "x" + std::to_string(patch_size[1]));
+    return size;
+}
+
+}  // namespace vitdeploy

@@ -1,0 +1,54 @@
+"""`vitdeploy predict`: classify image files with a bundle (TensorRT engine or ONNX Runtime)."""
+
+from __future__ import annotations
+
+import click
+
+from .common import command, echo_json
+
+
+@command("predict")
+@click.argument("bundle", type=click.Path(path_type=str))
+@click.argument("images", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--top-k", "top_k", type=click.IntRange(min=1), default=5, show_default=True, help="Classes to show per image.")
+@click.option("--json", "as_json", is_flag=True, help='Print [{"image": ..., "top": [{"label": ..., "prob": ...}]}].')
+@click.option(
+    "--precision",
+    type=click.Choice(["best", "fp32", "fp16", "int8"]),
+    default="best",
+    show_default=True,
+    help="Which graph/engine to run; best: the lowest-precision engine built for this GPU, fp32 on CPU.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "tensorrt", "onnxruntime"]),
+    default="auto",
+    show_default=True,
+    help="auto: a TensorRT engine whose fingerprint matches this device, else ONNX Runtime.",
+)
+@click.option("--resolution", default=None, help="HxW for a dynamic-resolution bundle (default: the manifest's).")
+def command(bundle: str, images: tuple[str, ...], top_k: int, as_json: bool, precision: str, backend: str, resolution: str | None) -> None:
+    """Classify IMAGES (files or folders) with BUNDLE.
+
+    Images are decoded with Pillow (EXIF orientation applied; grayscale, RGBA, palette and CMYK
+    converted to RGB) and resized by the rule in the bundle's manifest; the graph does the rest.
+
+    \b
+    Example:
+      vitdeploy predict bundle cat.jpg dog.png
+      vitdeploy predict bundle photos/ --top-k 3 --json
+      vitdeploy predict bundle cat.jpg --backend onnxruntime --precision fp32
+    """
+    from ..runtime.classifier import BACKENDS, predict_files
+    from ..spec import parse_resolution
+
+    prefer = BACKENDS if backend == "auto" else (backend,)
+    size = parse_resolution(resolution) if resolution else None
+    results, about = predict_files(bundle, images, top_k=top_k, precision=precision, prefer=prefer, size=size)
+    if as_json:
+        echo_json(results)
+        return
+    click.echo(f"# {about['backend']} {about['precision']} on {about['device']}, input {about['input_size'][0]}x{about['input_size'][1]}", err=True)
+    for item in results:
+        tops = ", ".join(f"{t['label']} {t['prob']:.4f}" for t in item["top"])
+        click.echo(f"{item['image']}: {tops}")

@@ -1,0 +1,233 @@
+"""Images on the host side of the graph contract: decode a file, apply the model's resize rule, and
+hand the graph the uint8 NHWC batch it takes.
+
+Everything pixel-level (cast, scale, mean/std, NCHW) happens inside the exported graph; the host's
+only jobs are the ones a graph cannot do well: decoding files, turning photos upright (EXIF),
+bringing odd colour modes to RGB, and the source model's eval resize (``preprocessing.host_resize``),
+which is the rule the model was validated with (timm's crop_pct + interpolation, Hugging Face's
+do_resize/size/resample). Resizing uses Pillow, as timm's and Hugging Face's eval transforms do on
+PIL images, so the host produces the pixels those pipelines produce.
+
+``load_image_folder`` reads the ``DIR/<class>/*.jpg`` layout that ``check`` and ``calibrate`` use.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ConfigError, UserError
+from .lazy import require
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pnm")
+
+# Names the manifest may use for the resampling filter; Hugging Face configs store PIL's integer
+# enum (0 nearest, 1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming), timm stores names.
+_PIL_FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
+_DEFAULT_HOST_RESIZE = {"mode": "stretch", "interpolation": "bilinear", "crop_pct": None}
+_HOST_RESIZE_MODES = ("stretch", "shorter-side-center-crop")
+
+
+# -- decoding ---------------------------------------------------------------------------------
+def decode_image(path: str | os.PathLike) -> np.ndarray:
+    """Read an image file as uint8 RGB [H, W, 3], upright as its EXIF orientation says.
+
+    Colour modes follow the training pipelines (timm, torchvision, Hugging Face all call
+    ``convert("RGB")``): grayscale is replicated, alpha is dropped, palettes and CMYK are converted.
+    16-bit grayscale is scaled to 8 bits (Pillow's own conversion would clip it at 255).
+    """
+    image_mod = require("PIL.Image", "decoding images")
+    ops = require("PIL.ImageOps", "decoding images")
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"image {path} does not exist")
+    try:
+        with image_mod.open(path) as img:
+            img.load()  # decode now, so a truncated file fails here and not later
+            upright = ops.exif_transpose(img)
+            return _to_rgb_array(upright if upright is not None else img)
+    except (OSError, SyntaxError, ValueError, image_mod.DecompressionBombError) as exc:
+        # UnidentifiedImageError is an OSError; truncated data raises OSError; odd modes ValueError.
+        reason = str(exc).split("\n")[0] or exc.__class__.__name__
+        raise UserError(f"cannot read image {path}: {reason}; give a JPEG, PNG, BMP, TIFF or WebP file") from None
+
+
+def _to_rgb_array(img: Any) -> np.ndarray:
+    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        gray = np.asarray(img).astype(np.int64)
+        if gray.max(initial=0) > 255:  # 16-bit data: keep its range instead of clipping
+            gray = (gray + 128) // 257
+        gray = np.clip(gray, 0, 255).astype(np.uint8)
+        return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2))
+    rgb = img if img.mode == "RGB" else img.convert("RGB")
+    return np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8))
+
+
+# -- the model's input size -------------------------------------------------------------------
+def model_input_size(
+    preprocessing: dict[str, Any],
+    resolution: dict[str, Any] | None = None,
+    patch_size: Sequence[int] | None = None,
+    size: Sequence[int] | None = None,
+) -> tuple[int, int]:
+    """The (H, W) the host feeds: fixed by a static graph; for a graph that resizes inside, its
+    target; for a dynamic-resolution graph, ``size`` or the manifest's default resolution."""
+    fixed = preprocessing.get("input_size")
+    in_graph = preprocessing.get("in_graph_resize")
+    if fixed and not in_graph:
+        if size is not None and tuple(int(v) for v in size) != tuple(int(v) for v in fixed):
+            raise UserError(
+                f"this graph takes {fixed[0]}x{fixed[1]} images only (static resolution); "
+                f"export with --dynamic-resolution to run at {size[0]}x{size[1]}"
+            )
+        return int(fixed[0]), int(fixed[1])
+    if in_graph:
+        # Any input size is accepted; the best host pixels are the model's own size made with the
+        # eval rule (antialiased), which the in-graph bilinear resize then passes through unchanged.
+        target = size or in_graph.get("to") or fixed
+        return int(target[0]), int(target[1])
+    if size is None:
+        res = resolution or {}
+        if not res.get("height") or not res.get("width"):
+            raise UserError("this graph has a dynamic resolution and the manifest names no default size; pass a size (e.g. 224x224)")
+        size = (res["height"], res["width"])
+    height, width = int(size[0]), int(size[1])
+    if patch_size is not None:
+        from .spec import check_resolution
+
+        check_resolution(height, width, tuple(patch_size))
+    return height, width
+
+
+# -- the resize rule --------------------------------------------------------------------------
+def host_resize_rule(preprocessing: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's host_resize with defaults filled in and validated."""
+    rule = dict(_DEFAULT_HOST_RESIZE)
+    rule.update({k: v for k, v in (preprocessing.get("host_resize") or {}).items() if v is not None})
+    if rule["mode"] not in _HOST_RESIZE_MODES:
+        raise ConfigError(f"unknown host_resize mode {rule['mode']!r} in the manifest (known: {', '.join(_HOST_RESIZE_MODES)})")
+    crop_pct = rule.get("crop_pct")
+    if crop_pct is not None and not (0.0 < float(crop_pct) <= 1.0):
+        raise ConfigError(f"host_resize crop_pct must be in (0, 1], got {crop_pct}")
+    pil_filter(rule["interpolation"])  # validate the name now
+    return rule
+
+
+def pil_filter(interpolation: str | int) -> int:
+    if isinstance(interpolation, int) and interpolation in _PIL_FILTERS.values():
+        return interpolation
+    key = str(interpolation).lower()
+    if key not in _PIL_FILTERS:
+        raise ConfigError(f"unknown interpolation {interpolation!r} in the manifest (known: {', '.join(_PIL_FILTERS)})")
+    return _PIL_FILTERS[key]
+
+
+def resize_geometry(src_hw: tuple[int, int], rule: dict[str, Any], size: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Where the resize rule sends an image: ((resized H, W), (crop top, crop left)).
+
+    Follows timm's eval transform (``transforms_factory.transforms_imagenet_eval``):
+    ``scale = floor(size / crop_pct)``; "shorter-side-center-crop" scales keeping the aspect ratio
+    until the image covers ``scale`` (torchvision ``Resize(int)`` for square targets, timm
+    ``ResizeKeepRatio`` otherwise), "stretch" resizes each edge to ``scale`` (Hugging Face
+    ``do_resize`` with height/width; timm's "squash"); then both crop ``size`` from the centre
+    (torchvision ``CenterCrop`` offsets). Without crop_pct the crop is a no-op for "stretch".
+    """
+    h, w = src_hw
+    th, tw = size
+    crop_pct = rule.get("crop_pct") or 1.0
+    sh, sw = math.floor(th / crop_pct), math.floor(tw / crop_pct)
+    if rule["mode"] == "stretch":
+        new_h, new_w = sh, sw
+    elif sh == sw:
+        # torchvision Resize(int): the short edge becomes exactly s, the long one is truncated.
+        if w <= h:
+            new_w, new_h = sh, int(sh * h / w)
+        else:
+            new_h, new_w = sh, int(sh * w / h)
+    else:
+        ratio = min(h / sh, w / sw)
+        new_h, new_w = round(h / ratio), round(w / ratio)
+    top = int(round((new_h - th) / 2.0))
+    left = int(round((new_w - tw) / 2.0))
+    return (new_h, new_w), (top, left)
+
+
+def resize_for_model(image: Any, preprocessing: dict[str, Any], size: Sequence[int]) -> np.ndarray:
+    """Apply the manifest's host resize rule to one uint8 RGB image (array HWC or PIL image).
+
+    The rule applies at every input size: with crop_pct < 1 even an image already at the model's
+    size is scaled up and centre-cropped, as the source model's eval transform does.
+    """
+    image_mod = require("PIL.Image", "resizing images")
+    rule = host_resize_rule(preprocessing)
+    th, tw = int(size[0]), int(size[1])
+    if isinstance(image, np.ndarray):
+        _check_hwc(image)
+        img = image_mod.fromarray(np.ascontiguousarray(image))
+    else:
+        img = image
+    (new_h, new_w), (top, left) = resize_geometry((img.height, img.width), rule, (th, tw))
+    if (new_h, new_w) != (img.height, img.width):
+        img = img.resize((new_w, new_h), resample=pil_filter(rule["interpolation"]))
+    arr = np.asarray(img, dtype=np.uint8)
+    return np.ascontiguousarray(arr[top : top + th, left : left + tw])
+
+
+def _check_hwc(image: np.ndarray) -> None:
+    if image.dtype != np.uint8:
+        raise UserError(f"images must be uint8 pixels, got {image.dtype}; pass the raw image (the graph normalises it)")
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise UserError(f"an image must be uint8 [H, W, 3], got shape {list(image.shape)}")
+
+
+def to_channel_order(batch: np.ndarray, preprocessing: dict[str, Any]) -> np.ndarray:
+    """RGB pixels -> the graph's channel order (a BGR graph, for OpenCV pipelines, takes BGR)."""
+    if preprocessing.get("channel_order", "rgb").lower() == "bgr":
+        return np.ascontiguousarray(batch[..., ::-1])
+    return batch
+
+
+def load_images(paths: Sequence[str | os.PathLike], preprocessing: dict[str, Any], size: Sequence[int]) -> np.ndarray:
+    """Decode, resize by the manifest's rule and order channels: uint8 [N, H, W, 3] for the graph."""
+    if not paths:
+        raise UserError("no images given")
+    out = np.empty((len(paths), int(size[0]), int(size[1]), 3), dtype=np.uint8)
+    for i, path in enumerate(paths):
+        out[i] = resize_for_model(decode_image(path), preprocessing, size)
+    return to_channel_order(out, preprocessing)
+
+
+# -- labelled folders -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ImageFolder:
+    """``DIR/<class>/<image>`` files: paths, class index per path, class names (sorted)."""
+
+    paths: list[Path]
+    labels: list[int]
+    classes: list[str]
+
+
+def load_image_folder(root: str | os.PathLike) -> ImageFolder:
+    """List ``root/<class>/*.{jpg,png,...}``; classes are the sub-folder names, sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"image folder {root} does not exist; expected DIR/<class>/<image> files")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise UserError(f"image folder {root} has no class sub-folders; expected DIR/<class>/<image> files")
+    paths: list[Path] = []
+    labels: list[int] = []
+    for index, name in enumerate(classes):
+        files = sorted(
+            p for p in (root / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")
+        )
+        paths.extend(files)
+        labels.extend([index] * len(files))
+    if not paths:
+        raise UserError(f"image folder {root} has class folders but no images ({', '.join(IMAGE_SUFFIXES)})")
+    return ImageFolder(paths=paths, labels=labels, classes=classes)
