@@ -237,20 +237,9 @@ def torch_module_names(loaded: LoadedModel) -> list[str]:
 
 
 # -- verification ----------------------------------------------------------------------------------
-def verification_sizes(bundle: Bundle) -> list[tuple[int, int]]:
-    """Sizes an artifact is verified at: its one size, or for dynamic graphs the native size, four
-    patches smaller and larger, and a non-square one (224 -> 160, 288, 224x320 for patch 16)."""
-    res = bundle.resolution
-    h, w = res["height"], res["width"]
-    if res["mode"] != "dynamic":
-        return [(h, w)]
-    ph, pw = bundle.spec.patch_size
-    sizes = [(h, w), (h - 4 * ph, w - 4 * pw), (h + 4 * ph, w + 4 * pw), (h, w + 6 * pw)]
-    return [s for s in sizes if s[0] > 0 and s[1] > 0]
-
-
 def verify_export(bundle: Bundle, variant: LoadedModel, count: int, log: Callable[[str], None]) -> dict[str, Any]:
     """ORT vs PyTorch on seeded uint8 images at every size the graph declares."""
+    from vitdeploy.checks.inputs import random_sets
     from vitdeploy.compare import compare_outputs
     from vitdeploy.runtime.ort import OrtRunner
 
@@ -261,20 +250,17 @@ def verify_export(bundle: Bundle, variant: LoadedModel, count: int, log: Callabl
     ort_runner = OrtRunner(bundle.artifact_path("fp32"))
     torch_runner = TorchRunner(variant, pre, resize_to=resize)
     results, failures = [], []
-    sizes = verification_sizes(bundle)
-    if resize:
-        sizes = [(resize[0] * 3 // 2, resize[1] * 5 // 4)]  # a camera frame of another size
-    for index, (h, w) in enumerate(sizes):
+    for index, eval_set in enumerate(random_sets(bundle, count, seed=0)):
+        h, w = eval_set.meta["height"], eval_set.meta["width"]
+        images = eval_set.images
         if pre.get("input") == "float-nchw":
             images = np.random.default_rng(index).standard_normal((count, 3, h, w)).astype(np.float32)
-        else:
-            images = random_images(count, h, w, seed=index)
         ref = _batched(torch_runner, images)
         got = _batched(ort_runner, images)
         stats = compare_outputs("logits", ref["logits"], got["logits"])
         limit = 1e-3 if resize else 1e-4  # in-graph uint8 resize: ORT's and torch's bilinear differ in rounding
         ok = stats.max_abs <= limit and stats.top1_agreement == 1.0
-        results.append({"height": h, "width": w, "images": count, "seed": index, "limit_max_abs": limit, **stats.to_dict(), "passed": ok})
+        results.append({"height": h, "width": w, "images": count, "seed": eval_set.meta["seed"], "limit_max_abs": limit, **stats.to_dict(), "passed": ok})
         log(f"check {h}x{w}: max |dlogit| {stats.max_abs:.2e}, top-1 agreement {stats.top1_agreement:.0%} on {count} images"
             f" -> {'ok' if ok else 'FAIL'}")
         if not ok:
@@ -292,8 +278,7 @@ def loaded_for_bundle(bundle: Bundle, resolution: tuple[int, int] | None = None)
     """The bundle's PyTorch model, with the same weights and resolution handling as its graph."""
     source = bundle.manifest["source"]
     torch.manual_seed(source.get("random_init_seed", RANDOM_INIT_SEED))
-    labels = bundle.labels or None
-    loaded = load_source(source, labels=labels if labels and len(labels) == bundle.spec.num_classes else None)
+    loaded = load_source(source)  # the source's own labels: `check` compares the bundle's with them
     if source.get("random_init"):
         from .sources import _state_sha256
 

@@ -1,0 +1,57 @@
+"""The check report on the terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..console import get_console
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    console = get_console()
+    table = Table(title=f"vitdeploy check: {report['bundle']}")
+    for col in ("graph", "execution", "inputs", "max |dlogit|", "max rel", "worst cos", "top-1 agr", "top-5 agr", "accuracy", "drop", "verdict"):
+        table.add_column(col, justify="right" if col not in ("graph", "execution", "inputs", "verdict") else "left")
+    for ref_set, acc in report["reference"]["accuracy"].items():
+        table.add_row("PyTorch fp32", "reference", ref_set, "", "", "", "", "", f"{acc:.2%}", "", "")
+    for art in report["artifacts"]:
+        if art.get("skipped"):
+            table.add_row(art["precision"], f"tensorrt {art['execution']}", "", "", "", "", "", "", "", "", f"skipped: {art['skipped']}")
+            continue
+        verdict = "pass" if art["passed"] else ("FAIL" if art["gated"] else "reported (not gated)")
+        for i, row in enumerate(art["sets"]):
+            s = row["logits"]
+            table.add_row(
+                art["precision"] if i == 0 else "", art["execution"] if i == 0 else "", row["set"],
+                f"{s['max_abs']:.2e}", f"{s['max_rel']:.2e}", f"{s['cosine_min']:.6f}", f"{s['top1_agreement']:.1%}",
+                f"{s['top5_agreement']:.1%}", f"{row['accuracy']:.2%}" if "accuracy" in row else "",
+                f"{row['accuracy_drop'] * 100:+.2f} pt" if "accuracy_drop" in row else "", verdict if i == 0 else "",
+            )
+    console.print(table)
+    proto = report["protocol"]
+    pre = proto.get("preprocessing", {})
+    console.print(f"protocol - preprocessing: {'ok' if pre.get('passed') else ('n/a' if pre.get('passed') is None else 'FAIL')}: "
+                  f"{pre.get('diagnosis')}" + (f" (max |d| vs config {pre['max_abs_vs_config']:.2e})" if "max_abs_vs_config" in pre else ""))
+    grid = proto.get("patch_grid")
+    if grid:
+        console.print(f"protocol - patch grid: {'ok' if grid['passed'] else 'FAIL'}: patchify/unpatchify round trip max |d| "
+                      f"{grid['roundtrip_max_abs']:.1e}; tokens vs patchify+linear rel {grid.get('tokens_vs_linear_rel', float('nan')):.1e}")
+    lab = proto["labels"]
+    console.print(f"protocol - labels: {'ok' if lab['passed'] else 'FAIL'}: {lab['count']} labels, head has {lab['num_outputs']} outputs"
+                  + ("; " + "; ".join(lab["problems"]) if lab["problems"] else "; order matches the source"))
+    for art in report["artifacts"]:
+        loc = art.get("localisation")
+        if loc and loc.get("available"):
+            worst = ", ".join(f"{r['module']} {r['cosine_min']:.5f}" for r in loc["modules"] if r.get("cosine_min") is not None)
+            console.print(f"localisation ({art['precision']}): first divergence: {loc['first_divergence'] or 'none'} "
+                          f"(cosine < {loc['cosine_limit']}); per module: {worst}")
+        elif loc:
+            console.print(f"localisation ({art['precision']}): {loc['reason']}")
+    if report["passed"]:
+        console.print("[bold green]PASS[/]: every gated artifact matches PyTorch and the protocol checks hold")
+    else:
+        console.print("[bold red]FAIL[/]:")
+        for failure in report["failures"]:
+            console.print(f"  - {failure}")

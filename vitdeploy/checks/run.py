@@ -1,0 +1,192 @@
+"""Run every check on every artifact of a bundle and collect one report."""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import __version__
+from ..bundle import Bundle
+from ..compare import Gate, accuracy, compare_outputs
+from ..errors import UserError
+from ..fileio import atomic_write_json
+from .inputs import EvalSet, default_data, random_sets, real_set
+from .localise import localise
+from .protocol import protocol_evidence
+
+
+@dataclass
+class CheckOptions:
+    precisions: tuple[str, ...] | None = None  # default: every graph the bundle holds
+    data: str | None = None  # labelled real images; default: the bundled model's own test split
+    random_count: int = 64
+    seed: int = 0
+    batch: int = 16
+    limit: int | None = None  # at most this many real images
+    fp32_max_abs: float = 1e-4
+    cosine_min: float = 0.99
+    top1_min: float = 0.99
+    accuracy_drop_max: float = 0.01  # 1 point
+    localise: str = "on-failure"  # "on-failure" | "always" | "never"
+    threads: int | None = None
+    write_report: bool = True
+
+
+def _batched(runner: Any, images: np.ndarray, batch: int) -> dict[str, np.ndarray]:
+    outs = [runner.infer(images[i:i + batch]) for i in range(0, len(images), batch)]
+    return {k: np.concatenate([o[k] for o in outs]) for k in ("logits", "probs")}
+
+
+def _executions(bundle: Bundle, precision: str) -> list[tuple[str, str, bool]]:
+    """(execution name, ORT optimization level, gated?) for one precision's graph.
+
+    An int8 Q/DQ graph is scored twice: in reference semantics (Q/DQ as fake-quant in float, what
+    TensorRT computes) and as this CPU executes it (ORT fuses Q/DQ into integer kernels, which
+    saturate on AVX2 CPUs without VNNI). Only the one matching the graph's target is gated.
+    """
+    if precision != "int8":
+        return [("onnxruntime", "all", True)]
+    target = bundle.artifact_record("int8").get("target", "tensorrt")
+    return [("reference (fake-quant)", "basic", target != "cpu"), ("this CPU (int8 kernels)", "all", target == "cpu")]
+
+
+def run_check(path: str | Path, options: CheckOptions | None = None, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    from ..runtime.ort import OrtRunner
+
+    opts = options or CheckOptions()
+    bundle = Bundle.open(path)
+    precisions = list(opts.precisions or bundle.precisions())
+    for p in precisions:
+        bundle.artifact_path(p)  # one clear line for a graph the bundle lacks
+
+    try:
+        from vitdeploy.exporters.torch_runner import TorchRunner
+    except ImportError as exc:
+        raise UserError(f"check compares with PyTorch, which is not importable ({exc}); pip install 'vitdeploy[export]'") from None
+    reference = TorchRunner.from_bundle(bundle, threads=opts.threads)
+    log(f"reference: PyTorch {reference.info.details['torch']} on {bundle.manifest['source']['kind']}:{bundle.manifest['source']['name']}")
+
+    sets: list[EvalSet] = random_sets(bundle, opts.random_count, opts.seed)
+    data = opts.data or default_data(bundle)
+    if data:
+        sets.append(real_set(bundle, data, opts.limit))
+    ref_out = {s.name: _batched(reference, s.images, opts.batch) for s in sets}
+    ref_acc = {s.name: accuracy(ref_out[s.name]["logits"], s.labels) for s in sets if s.labels is not None}
+    for name, acc in ref_acc.items():
+        log(f"PyTorch fp32 accuracy on {name}: {acc:.2%}")
+
+    artifacts, failures = [], []
+    for precision in precisions:
+        graph = bundle.artifact_path(precision)
+        for execution, level, gated in _executions(bundle, precision):
+            runner = OrtRunner(graph, precision=precision, optimization=level, threads=opts.threads)
+            entry = _score(precision, execution, runner, sets, ref_out, ref_acc, opts, gated)
+            entry.update({"file": graph.name, "sha256": bundle.artifact_record(precision).get("sha256"),
+                          "providers": runner.info.details.get("providers"), "optimization": level})
+            entry["batch_consistency"] = _batch_consistency(runner, sets[0].images[:4])
+            want_localise = opts.localise == "always" or (opts.localise == "on-failure" and not entry["passed"])
+            if want_localise and gated:
+                limit = 0.9999 if precision == "fp32" else opts.cosine_min
+                probe = next((s for s in sets if s.real), sets[0]).images[:8]
+                entry["localisation"] = localise(reference, graph, bundle.manifest.get("graph", {}).get("module_outputs", {}),
+                                                 probe, limit, precision)
+            artifacts.append(entry)
+            verdict = "pass" if entry["passed"] else ("FAIL" if gated else "reported")
+            log(f"{precision} / {execution}: {verdict}")
+            if gated and not entry["passed"]:
+                failures.extend(f"{precision} ({execution}): {g}" for g in entry["failed_gates"])
+                loc = entry.get("localisation", {})
+                if loc.get("first_divergence"):
+                    failures.append(f"{precision}: first divergence at PyTorch module {loc['first_divergence']}")
+
+    artifacts.extend(_engine_entries(bundle))
+
+    probe_sets = [s for s in sets if s.images.shape[1:3] == sets[0].images.shape[1:3]]
+    probe = np.concatenate([s.images[:8] for s in probe_sets])
+    source_pre = reference.loaded.preprocessing
+    labels_from_file = bundle.manifest["source"].get("labels_from") == "labels file"
+    protocol = protocol_evidence(bundle, probe, source_pre, None if labels_from_file else reference.loaded.labels)
+    if not protocol["passed"]:
+        pre, grid, lab = protocol.get("preprocessing", {}), protocol.get("patch_grid", {}), protocol["labels"]
+        if pre.get("passed") is False:
+            failures.append(f"preprocessing: {pre['diagnosis']}")
+        if grid.get("passed") is False:
+            failures.append(f"patch grid: tokens do not map back to the same pixels ({grid})")
+        failures.extend(f"labels: {p}" for p in lab["problems"])
+
+    report = {
+        "bundle": str(bundle.root if bundle.bare_onnx is None else bundle.bare_onnx),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": _versions(),
+        "options": asdict(opts),
+        "inputs": [{"name": s.name, "real": s.real, "count": int(len(s.images)), "height": int(s.images.shape[1]),
+                    "width": int(s.images.shape[2]), "labelled": s.labels is not None, **s.meta} for s in sets],
+        "reference": {"backend": "torch", "precision": "fp32", "accuracy": ref_acc},
+        "artifacts": artifacts,
+        "protocol": protocol,
+        "failures": failures,
+        "passed": not failures,
+    }
+    if opts.write_report and bundle.bare_onnx is None:
+        atomic_write_json(bundle.reports_dir() / "check.json", report)
+        bundle.set_record("check", {"passed": report["passed"], "created": report["created"], "report": "reports/check.json",
+                                    "graphs": {a["precision"]: a["sha256"] for a in artifacts if a.get("sha256")}})
+    return report
+
+
+def _score(precision: str, execution: str, runner: Any, sets: list[EvalSet], ref_out: dict, ref_acc: dict,
+           opts: CheckOptions, gated: bool) -> dict[str, Any]:
+    rows, gates = [], []
+    for s in sets:
+        out = _batched(runner, s.images, opts.batch)
+        stats = compare_outputs("logits", ref_out[s.name]["logits"], out["logits"])
+        probs = compare_outputs("probs", ref_out[s.name]["probs"], out["probs"])
+        row: dict[str, Any] = {"set": s.name, "real": s.real, "logits": stats.to_dict(), "probs": probs.to_dict()}
+        if s.labels is not None:
+            row["accuracy"] = accuracy(out["logits"], s.labels)
+            row["accuracy_drop"] = ref_acc[s.name] - row["accuracy"]
+        rows.append(row)
+        if precision == "fp32":
+            gates.append(Gate(f"max |dlogit| on {s.name}", stats.max_abs, opts.fp32_max_abs, "<="))
+        elif s.real or not any(x.real for x in sets):
+            # reduced precision is judged by task gates on real images (random ones when there are none)
+            gates.append(Gate(f"worst cosine on {s.name}", stats.cosine_min, opts.cosine_min, ">="))
+            if s.real:
+                gates.append(Gate(f"top-1 agreement on {s.name}", stats.top1_agreement, opts.top1_min, ">="))
+        if s.labels is not None and precision != "fp32":
+            gates.append(Gate(f"accuracy drop on {s.name}", row["accuracy_drop"], opts.accuracy_drop_max, "<="))
+    failed = [g.describe() for g in gates if not g.passed]
+    return {"precision": precision, "backend": "onnxruntime", "execution": execution, "gated": gated, "sets": rows,
+            "gates": [g.to_dict() for g in gates], "failed_gates": failed, "passed": not failed}
+
+
+def _batch_consistency(runner: Any, images: np.ndarray) -> dict[str, Any]:
+    """The same images one at a time and as one batch give the same logits (dynamic batch axis)."""
+    batched = runner.infer(images)["logits"]
+    single = np.concatenate([runner.infer(images[i:i + 1])["logits"] for i in range(len(images))])
+    return {"images": int(len(images)), "max_abs": float(np.abs(batched.astype(np.float64) - single).max())}
+
+
+def _engine_entries(bundle: Bundle) -> list[dict[str, Any]]:
+    """TensorRT engines are checked only where TensorRT and a GPU exist; say so otherwise."""
+    entries = []
+    for target, record in (bundle.manifest.get("engines") or {}).items():
+        from ..lazy import available
+
+        reason = None if available("tensorrt") else "TensorRT is not installed on this machine (engines are checked on the target)"
+        entries.append({"precision": record.get("precision", "?"), "backend": "tensorrt", "execution": target, "gated": False,
+                        "passed": None, "skipped": reason or "TensorRT engine checks run through `vitdeploy check` on the target GPU"})
+    return entries
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+    import torch
+
+    return {"vitdeploy": __version__, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
+            "numpy": np.__version__, "python": platform.python_version(), "machine": platform.machine()}

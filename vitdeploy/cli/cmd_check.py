@@ -1,0 +1,52 @@
+"""`vitdeploy check`."""
+
+from __future__ import annotations
+
+import click
+
+from .common import command, echo_json, split_csv
+
+
+@command("check")
+@click.argument("bundle", type=click.Path(exists=True))
+@click.option("--precision", default=None, help="Graphs to check, comma-separated (default: every graph in the bundle).")
+@click.option("--data", default=None, help="Real labelled images: digits:test, DIR/<class>/<image>, or a uint8 .npy (default: the bundled model's test split).")
+@click.option("--images", "random_count", type=click.IntRange(min=1), default=64, show_default=True, help="Seeded random images per size.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use at most this many real images.")
+@click.option("--fp32-max-abs", type=float, default=1e-4, show_default=True, help="fp32 gate: max |dlogit|.")
+@click.option("--cosine-min", type=float, default=0.99, show_default=True, help="fp16/int8 gate: worst per-image cosine of logits.")
+@click.option("--top1-min", type=float, default=0.99, show_default=True, help="fp16/int8 gate: top-1 agreement on real images.")
+@click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True, help="fp16/int8 gate: accuracy drop in points.")
+@click.option("--localise", type=click.Choice(["on-failure", "always", "never"]), default="on-failure", show_default=True,
+              help="Compare PyTorch module outputs with the graph's to name the first diverging block.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads for ONNX Runtime and PyTorch.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def command(bundle, precision, data, random_count, seed, batch, limit, fp32_max_abs, cosine_min, top1_min, max_accuracy_drop,
+            localise, threads, as_json):
+    """Evidence that BUNDLE's graphs compute what PyTorch computes: numbers, accuracy, protocol.
+
+    Exit code 0: every gate holds; 1: a gate failed (the report says which and where); 2: usage.
+    The report is also written to BUNDLE/reports/check.json.
+
+    \b
+    Example:
+      vitdeploy check digits-bundle
+      vitdeploy check vits-bundle --data ./val --precision fp16,int8 --json
+    """
+    from ..checks import CheckOptions, run_check
+    from ..checks.report import print_report
+
+    options = CheckOptions(
+        precisions=tuple(split_csv(precision)) or None, data=data, random_count=random_count, seed=seed, batch=batch, limit=limit,
+        fp32_max_abs=fp32_max_abs, cosine_min=cosine_min, top1_min=top1_min, accuracy_drop_max=max_accuracy_drop / 100.0,
+        localise=localise, threads=threads,
+    )
+    report = run_check(bundle, options, log=(lambda _m: None) if as_json else (lambda m: click.echo(m, err=True)))
+    if as_json:
+        echo_json(report)
+    else:
+        print_report(report)
+    if not report["passed"]:
+        raise click.exceptions.Exit(1)
