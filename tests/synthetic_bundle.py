@@ -70,8 +70,10 @@ def make_graph(
     channel_order: str = "rgb",
     resize_to: tuple[int, int] | None = None,
     fp16: bool = False,
+    float_input: bool = False,
 ) -> Any:
-    """The ONNX model; ``size=None`` gives symbolic H/W (dynamic resolution or in-graph resize)."""
+    """The ONNX model; ``size=None`` gives symbolic H/W (dynamic resolution or in-graph resize).
+    ``float_input``: the "float-nchw" contract, normalised float NCHW in (the caller preprocesses)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -87,16 +89,21 @@ def make_graph(
         numpy_helper.from_array(bias.astype(mm_type), "B"),
         numpy_helper.from_array(np.array([2, 1, 0], dtype=np.int64), "bgr_idx"),
     ]
-    nodes = [helper.make_node("Cast", ["images"], ["x0"], to=TensorProto.FLOAT)]
-    cur = "x0"
-    if channel_order == "bgr":
-        nodes.append(helper.make_node("Gather", [cur, "bgr_idx"], ["x_rgb"], axis=3))
-        cur = "x_rgb"
+    if float_input:
+        nodes = [helper.make_node("Identity", ["images"], ["x4"])]
+    else:
+        nodes = [helper.make_node("Cast", ["images"], ["x0"], to=TensorProto.FLOAT)]
+        cur = "x0"
+        if channel_order == "bgr":
+            nodes.append(helper.make_node("Gather", [cur, "bgr_idx"], ["x_rgb"], axis=3))
+            cur = "x_rgb"
+        nodes += [
+            helper.make_node("Div", [cur, "c255"], ["x1"]),
+            helper.make_node("Sub", ["x1", "mean"], ["x2"]),
+            helper.make_node("Div", ["x2", "std"], ["x3"]),
+            helper.make_node("Transpose", ["x3"], ["x4"], perm=[0, 3, 1, 2]),
+        ]
     nodes += [
-        helper.make_node("Div", [cur, "c255"], ["x1"]),
-        helper.make_node("Sub", ["x1", "mean"], ["x2"]),
-        helper.make_node("Div", ["x2", "std"], ["x3"]),
-        helper.make_node("Transpose", ["x3"], ["x4"], perm=[0, 3, 1, 2]),
         helper.make_node("Shape", ["x4"], ["shape"]),
         helper.make_node("Slice", ["shape", "zero", "two"], ["nc"]),
     ]
@@ -130,7 +137,11 @@ def make_graph(
     graph = helper.make_graph(
         nodes,
         "synthetic_quadrants",
-        [helper.make_tensor_value_info("images", TensorProto.UINT8, ["batch", height, width, 3])],
+        [
+            helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, height, width])
+            if float_input
+            else helper.make_tensor_value_info("images", TensorProto.UINT8, ["batch", height, width, 3])
+        ],
         [
             helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(LABELS)]),
             helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", len(LABELS)]),
@@ -152,6 +163,7 @@ def make_bundle(
     host_resize: dict[str, Any] | None = None,
     in_graph_resize: bool = False,
     fp16: bool = False,
+    float_input: bool = False,
     name: str | None = None,
 ) -> Bundle:
     """Write a bundle folder (manifest, labels, model.onnx [, model.fp16.onnx]) and open it."""
@@ -174,7 +186,7 @@ def make_bundle(
             "num_classes": len(LABELS),
         },
         "preprocessing": {
-            "input": "uint8-nhwc",
+            "input": "float-nchw" if float_input else "uint8-nhwc",
             "channel_order": channel_order,
             "scale": 1 / 255,
             "mean": MEAN,
@@ -193,7 +205,7 @@ def make_bundle(
     fixed = None if (dynamic or in_graph_resize) else (size, size)
     resize_to = (size, size) if in_graph_resize else None
     for precision, is16 in (("fp32", False), ("fp16", True)) if fp16 else (("fp32", False),):
-        model = make_graph(fixed, channel_order=channel_order, resize_to=resize_to, fp16=is16)
+        model = make_graph(fixed, channel_order=channel_order, resize_to=resize_to, fp16=is16, float_input=float_input)
         embed_manifest(model, manifest)
         path = root / ("model.onnx" if precision == "fp32" else "model.fp16.onnx")
         onnx.save(model, str(path))

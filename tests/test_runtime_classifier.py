@@ -52,6 +52,13 @@ def test_classify_arrays_gives_the_graph_answer(bundles, kind):
         assert clf.classify(list(imgs[:2]), top_k=2) == tops[:2]
 
 
+def test_a_bare_onnx_file_is_enough(bundles):
+    """A vitdeploy ONNX carries its manifest core: labels, preprocessing and size come with it."""
+    clf = Classifier.load(bundles["static"].root / "model.onnx")
+    assert clf.backend == "onnxruntime" and clf.labels == LABELS and clf.input_size == (16, 16)
+    assert [t[0].label for t in clf.classify(sample_images(), 1)] == LABELS
+
+
 def test_bgr_bundle_takes_bgr_arrays_and_rgb_files(bundles, tmp_path):
     clf = Classifier.load(bundles["bgr"], prefer=("onnxruntime",))
     imgs = sample_images()
@@ -59,6 +66,16 @@ def test_bgr_bundle_takes_bgr_arrays_and_rgb_files(bundles, tmp_path):
     path = tmp_path / "top.png"
     Image.fromarray(half_red(30, 20, "top")).save(path)  # files: decoded RGB, swapped for the graph
     assert clf.classify(str(path), 1)[0][0].label == "red-top"
+
+
+def test_float_nchw_bundle_gets_normalised_pixels(tmp_path):
+    """A graph exported with --input float-nchw: the Classifier does the contract's normalisation."""
+    bundle = make_bundle(tmp_path / "f", float_input=True)
+    clf = Classifier.load(bundle, prefer=("onnxruntime",))
+    assert clf.runner.inputs()[0].dtype == "float32"
+    imgs = sample_images()
+    assert [t[0].label for t in clf.classify(imgs, 1)] == LABELS
+    np.testing.assert_allclose(clf.probabilities(imgs), expected_probs(imgs), atol=1e-6)
 
 
 def test_other_sizes_are_resized_by_the_rule(bundles):

@@ -68,6 +68,9 @@ def test_cpu_instances_dynamic_sizes_and_no_batching(tmp_path):
     cfg = parse(write_triton_repo(resize, tmp_path / "m", TritonOptions(max_batch=0, precision="fp32")))
     assert cfg.max_batch_size == 0 and list(cfg.input[0].dims) == [-1, -1, -1, 3]  # batch axis included
     assert list(cfg.output[1].dims) == [-1, len(LABELS)]
+    floats = make_bundle(tmp_path / "fl", float_input=True)
+    cfg = parse(write_triton_repo(floats, tmp_path / "m", TritonOptions()))
+    assert cfg.input[0].data_type == model_config_pb2.TYPE_FP32 and list(cfg.input[0].dims) == [3, 16, 16]
 
 
 def test_tensorrt_repository(bundle, tmp_path):
