@@ -31,6 +31,7 @@ RANDOM_INIT_SEED = 0  # timm/HF models without a checkpoint are seeded so the re
 class ExportOptions:
     checkpoint: str | None = None
     num_classes: int | None = None
+    model_kwargs: dict[str, Any] | None = None  # timm.create_model keyword arguments
     labels_file: str | None = None
     resolution: tuple[int, int] | None = None  # static export at this size (table re-interpolated)
     dynamic_resolution: bool = False
@@ -54,7 +55,7 @@ def export(source: str | None, out_dir: str | Path, options: ExportOptions | Non
     out_dir = Path(out_dir)
     labels = read_labels(opts.labels_file) if opts.labels_file else None
     torch.manual_seed(RANDOM_INIT_SEED)
-    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels)
+    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs)
     if loaded.source.get("random_init"):
         loaded.source["random_init_seed"] = RANDOM_INIT_SEED
     variant, resolution = _variant(loaded, opts)

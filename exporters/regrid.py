@@ -96,7 +96,9 @@ def _timm_dynamic(loaded: LoadedModel, interp: PosEmbedInterpolation) -> Any:
     import timm
 
     name = loaded.source["name"]
-    model = timm.create_model(name, pretrained=False, num_classes=loaded.spec.num_classes, dynamic_img_size=True)
+    kwargs = dict(loaded.source.get("model_kwargs") or {})
+    kwargs.update(num_classes=loaded.spec.num_classes, dynamic_img_size=True)
+    model = timm.create_model(name, pretrained=False, **kwargs)
     model.load_state_dict(loaded.model.state_dict(), strict=True)
     prefix_rows = loaded.spec.pos_embed_prefix_rows
     native_grid = tuple(model.patch_embed.grid_size)

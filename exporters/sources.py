@@ -52,20 +52,28 @@ def load_source(
     checkpoint: str | Path | None = None,
     num_classes: int | None = None,
     labels: list[str] | None = None,
+    model_kwargs: dict[str, Any] | None = None,
 ) -> LoadedModel:
-    """Load a source given as text (CLI) or as a manifest's ``source`` record (re-loading a bundle)."""
+    """Load a source given as text (CLI) or as a manifest's ``source`` record (re-loading a bundle).
+
+    ``model_kwargs`` are passed to timm.create_model (e.g. class_token=False, global_pool="avg",
+    depth=6): the architecture a user fine-tuned, which the registered name alone may not give.
+    """
     if isinstance(source, dict):
         kind, name = source["kind"], source["name"]
         checkpoint = checkpoint or source.get("checkpoint")
         num_classes = num_classes or source.get("num_classes")
+        model_kwargs = model_kwargs or source.get("model_kwargs")
     else:
         kind, name = parse_source(source)
+    if model_kwargs and kind != "timm":
+        raise UserError("--model-arg applies to timm sources only")
     if kind == "builtin":
         loaded = _load_builtin(name)
     elif kind == "ref":
         loaded = _load_reference(Path(name))
     elif kind == "timm":
-        loaded = _load_timm(name, checkpoint, num_classes)
+        loaded = _load_timm(name, checkpoint, num_classes, model_kwargs or {})
     else:
         loaded = _load_hf(Path(name))
     if labels is not None:
@@ -119,6 +127,13 @@ def apply_state_dict(model: Any, state: dict[str, Any], where: str) -> None:
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     wrong = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    for key in wrong_keys(own, state):
+        if key.endswith("patch_embed.proj.weight") and tuple(state[key].shape[2:]) != tuple(own[key].shape[2:]):
+            raise ConfigError(
+                f"checkpoint {where} was trained with patch {tuple(state[key].shape[2:])} but the model uses "
+                f"{tuple(own[key].shape[2:])}: a patch-size change changes W_E, and interpolating the position table "
+                "cannot fix it; export with the model name of the trained patch size"
+            )
     problems = []
     if missing:
         problems.append(f"missing keys {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}")
@@ -129,6 +144,10 @@ def apply_state_dict(model: Any, state: dict[str, Any], where: str) -> None:
     if problems:
         raise UserError(f"checkpoint {where} does not match the model: {'; '.join(problems)} (wrong model name or --num-classes?)")
     model.load_state_dict(state, strict=True)
+
+
+def wrong_keys(own: dict[str, Any], state: dict[str, Any]) -> list[str]:
+    return [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
 
 
 def _state_sha256(model: Any) -> str:
@@ -185,12 +204,12 @@ def _load_reference(weights_path: Path, config_path: Path | None = None) -> Load
 
 
 # -- timm -----------------------------------------------------------------------------------------
-def _load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None) -> LoadedModel:
+def _load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None, model_kwargs: dict[str, Any]) -> LoadedModel:
     timm = require("timm", "timm sources")
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('_')[0]}*")[:5]
         raise UserError(f"timm has no model {name!r}{'; similar: ' + ', '.join(close) if close else ''}")
-    kwargs = {}
+    kwargs = dict(model_kwargs)
     if num_classes:
         kwargs["num_classes"] = int(num_classes)
     state = None
@@ -232,6 +251,7 @@ def _load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None
         "checkpoint": str(checkpoint) if checkpoint else None,
         "weights_sha256": sha256_file(checkpoint) if checkpoint else _state_sha256(model),
         "num_classes": spec.num_classes,
+        "model_kwargs": dict(model_kwargs),
         "timm_version": timm.__version__,
         "random_init": checkpoint is None,
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..spec import parse_resolution
-from .common import command, split_csv
+from .common import command, parse_model_args, split_csv
 
 
 @command("export")
@@ -13,6 +13,8 @@ from .common import command, split_csv
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle folder to write (replaced atomically).")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Weights for timm sources: .safetensors, or .pt/.pth loaded with weights_only=True.")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier width for timm sources (inferred from the checkpoint's head if omitted).")
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+              help="timm.create_model argument of the fine-tuned architecture, e.g. class_token=false, global_pool=avg (repeatable).")
 @click.option("--labels", "labels_file", type=click.Path(dir_okay=False), help="labels.txt, one label per line in index order (overrides the source's labels).")
 @click.option("--resolution", help="Static export at N or HxW: the position table is re-interpolated offline.")
 @click.option("--dynamic-resolution", is_flag=True, help="Symbolic H/W; the position table is interpolated inside the graph.")
@@ -27,7 +29,7 @@ from .common import command, split_csv
 @click.option("--no-simplify", is_flag=True, help="Keep the exporter's graph (onnxslim is applied only when outputs stay identical).")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 @click.option("--check-images", type=click.IntRange(min=1), default=64, show_default=True, help="Seeded images per size for the parity check.")
-def command(source, out_dir, checkpoint, num_classes, labels_file, resolution, dynamic_resolution, resize, channel_order,
+def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize, channel_order,
             input_format, pos_interp, align_corners, antialias, precision, keep_fp32, no_simplify, no_check, check_images):
     """Export SOURCE to a bundle: ONNX that takes raw uint8 images, with preprocessing, labels and spec bound in.
 
@@ -49,6 +51,7 @@ def command(source, out_dir, checkpoint, num_classes, labels_file, resolution, d
     options = ExportOptions(
         checkpoint=checkpoint,
         num_classes=num_classes,
+        model_kwargs=parse_model_args(model_args),
         labels_file=labels_file,
         resolution=parse_resolution(resolution) if resolution else None,
         dynamic_resolution=dynamic_resolution,

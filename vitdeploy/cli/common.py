@@ -54,3 +54,24 @@ def echo_json(obj: Any) -> None:
     from ..fileio import _json_default
 
     sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def parse_model_args(items: tuple[str, ...]) -> dict[str, Any]:
+    """KEY=VALUE pairs; values read as JSON when they parse (true, 6, 0.1, [1,2]), else as text."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--model-arg")
+        text = raw.strip()
+        lowered = text.lower()
+        if lowered in ("true", "false", "none", "null"):
+            out[key.strip()] = {"true": True, "false": False}.get(lowered)
+            continue
+        try:
+            out[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key.strip()] = text
+    return out
