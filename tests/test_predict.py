@@ -121,3 +121,28 @@ def test_python_example_runs(bundle, images):
     assert f"{paths[0]}: red-top" in out and f"{paths[1]}: red-top" in out
     assert f"{paths[1]} (frame): red-top" in out
     assert "probabilities (2, 5)" in out
+
+
+def test_predict_digits_from_png_and_jpeg(digits_bundle, tmp_path):
+    """Acceptance on the real model: digit images saved as grayscale PNG and JPEG files."""
+    from vitdeploy.builtin import BUILTIN_MODELS
+    from vitdeploy.runtime.ort import OrtRunner
+
+    images, _ = BUILTIN_MODELS["digits"].load_split("test")
+    images = images[:24]
+    reference = OrtRunner(digits_bundle.artifact_path("fp32")).infer(images)["probs"].argmax(1)
+    paths = []
+    for i, img in enumerate(images):
+        gray = Image.fromarray(img[..., 0], mode="L")  # the digits are gray: store them as such
+        paths.append(tmp_path / f"d{i:02d}.png")
+        gray.save(paths[-1])
+        paths.append(tmp_path / f"d{i:02d}.jpg")
+        gray.save(paths[-1], quality=95)
+    result = run(digits_bundle.root, *paths, "--json", "--top-k", "1")
+    assert result.exit_code == 0, result.output
+    got = {Path(item["image"]).name: item["top"][0]["label"] for item in json.loads(result.stdout)}
+    labels = digits_bundle.labels
+    png = [got[f"d{i:02d}.png"] == labels[reference[i]] for i in range(len(images))]
+    jpg = [got[f"d{i:02d}.jpg"] == labels[reference[i]] for i in range(len(images))]
+    assert all(png)  # lossless: exactly the pixels the runner saw
+    assert sum(jpg) >= len(images) - 1  # JPEG's few-level noise may flip at most a borderline digit

@@ -172,14 +172,14 @@ def test_engine_selection_by_fingerprint(tmp_path, monkeypatch):
     monkeypatch.setattr(fingerprint, "query_device", lambda index=0: fingerprint.DeviceInfo("NVIDIA H200", "9.0"))
     made = []
 
-    def runner(entry, profile):
-        made.append((entry.target, profile))
+    def runner(entry):
+        made.append(entry.target)
         return RecordingRunner(bundle.artifact_path("fp32"))
 
     monkeypatch.setattr(clf_mod, "_tensorrt_runner", runner)
     clf = Classifier.load(bundle)
     # fp16 would be "best" but was built for sm 8.7; the H200 fp32 engine fits
-    assert made == [("h200-trt10.3.0-fp32", 0)]
+    assert made == ["h200-trt10.3.0-fp32"]
     assert clf.backend == "tensorrt" and clf.precision == "fp32" and (clf.min_batch, clf.max_batch) == (1, 8)
     assert "tensorrt fp32 engine h200-trt10.3.0-fp32" in clf.backend_reason
     # fp16 asked for explicitly: none fits -> ORT, and the reason says rebuild
@@ -188,6 +188,17 @@ def test_engine_selection_by_fingerprint(tmp_path, monkeypatch):
     assert "compute capability 8.7" in clf16.backend_reason and "rebuild on this device" in clf16.backend_reason
     with pytest.raises(DeviceError, match="rebuild on this device"):
         Classifier.load(bundle, prefer=("tensorrt",), precision="fp16")
+
+
+def test_engines_of_a_bare_onnx_are_found_by_source_hash(tmp_path):
+    from vitdeploy.bundle import Bundle
+
+    bundle = make_bundle(tmp_path / "b", fp16=True)
+    fake_engine(bundle, "mine", "fp32")  # built from model.onnx
+    fake_engine(bundle, "other", "fp16")  # built from model.fp16.onnx
+    bare = Bundle.open(bundle.root / "model.onnx")
+    assert [e.target for e in clf_mod.find_engines(bare)] == ["mine"]
+    assert [e.target for e in clf_mod.find_engines(bundle)] == ["mine", "other"]
 
 
 def test_batches_split_to_the_engine_profile_and_padded_to_its_minimum(tmp_path, monkeypatch):
@@ -265,16 +276,13 @@ def test_runtime_imports_and_runs_without_torch(tmp_path):
 
 
 # -- acceptance on the real model ------------------------------------------------------------
-def test_same_top1_as_ort_runner_on_digits_test_split(request):
-    try:
-        bundle_dir = request.getfixturevalue("digits_bundle")
-    except pytest.FixtureLookupError:
-        pytest.skip("the digits_bundle fixture (tests/conftest.py) is not defined yet")
+def test_same_top1_as_ort_runner_on_digits_test_split(digits_bundle):
+    """Acceptance: the Classifier answers what `vitdeploy check`'s ONNX Runtime runner answers."""
     from vitdeploy.builtin import BUILTIN_MODELS
-    from vitdeploy.bundle import Bundle
+
+    bundle = digits_bundle
 
     images, labels = BUILTIN_MODELS["digits"].load_split("test")
-    bundle = Bundle.open(bundle_dir)
     clf = Classifier.load(bundle, prefer=("onnxruntime",))
     ours = np.array([clf.labels.index(t[0].label) for t in clf.classify(images, top_k=1)])
     runner = OrtRunner(bundle.artifact_path("fp32"))

@@ -367,16 +367,31 @@ class EngineEntry:
 
 
 def find_engines(bundle: Bundle) -> list[EngineEntry]:
-    """The engines the manifest records (stale ones were dropped when their graph changed)."""
-    from ..engine.fingerprint import read_fingerprint
+    """The engines built from this bundle's graphs.
+
+    A bundle folder lists them in ``manifest["engines"]`` (records of a graph that changed are
+    dropped there). A bare .onnx has no manifest to record engines in: the ``engines/*/`` beside it
+    count when their engine.json names this file's sha256 as their source.
+    """
+    from ..engine.fingerprint import FINGERPRINT_FILE, read_fingerprint
 
     if bundle.bare_onnx is not None:
-        return []
+        found = sorted(bundle.root.glob(f"engines/*/{FINGERPRINT_FILE}"))
+        if not found:
+            return []
+        from ..fileio import sha256_file
+
+        digest = sha256_file(bundle.bare_onnx)
+        entries = []
+        for path in found:
+            fingerprint = read_fingerprint(path.parent)
+            if fingerprint.get("source_sha256") == digest:
+                entries.append(EngineEntry(path.parent.name, path.parent, fingerprint, {}))
+        return entries
     entries = []
     for target, record in sorted((bundle.manifest.get("engines") or {}).items()):
         record = record if isinstance(record, dict) else {}
-        rel = record.get("dir") or f"engines/{target}"
-        engine_dir = bundle.root / rel
+        engine_dir = bundle.root / (record.get("dir") or f"engines/{target}")
         entries.append(EngineEntry(target, engine_dir, read_fingerprint(engine_dir), record))
     return entries
 
@@ -406,7 +421,7 @@ def _load_tensorrt(cls, bundle, precision, input_size, passed_over) -> Classifie
             problems.append(f"{entry.target}: {'; '.join(why)}")
             continue
         fpmod.verify_plan_file(entry.dir, entry.fingerprint)
-        runner = _tensorrt_runner(entry, profile)
+        runner = _tensorrt_runner(entry)
         batch, heights, widths = entry.profiles[profile]
         reason = f"tensorrt {entry.precision} engine {entry.target} (TensorRT {version}, {device.gpu_name})"
         clf = cls(
@@ -425,7 +440,9 @@ def _load_tensorrt(cls, bundle, precision, input_size, passed_over) -> Classifie
     raise DeviceError(f"no engine of the bundle fits this device ({' | '.join(problems)}); rebuild on this device with `vitdeploy build-engine {bundle.root}`")
 
 
-def _tensorrt_runner(entry: EngineEntry, profile: int) -> Any:
+def _tensorrt_runner(entry: EngineEntry) -> Any:
+    # The runner checks the fingerprint again (cheap) and picks, per call, the profile covering the
+    # batch's shape; the batch limits above keep every call inside the profile chosen here.
     from .tensorrt import TensorRTRunner
 
-    return TensorRTRunner(entry.dir, profile=profile)
+    return TensorRTRunner(entry.dir)

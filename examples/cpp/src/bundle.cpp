@@ -152,7 +152,13 @@ Bundle read_bundle(const std::string& dir) {
         for (const auto& [target, record] : m["engines"].items()) {
             std::string rel = "engines/" + target;
             if (record.is_object()) rel = get_or<std::string>(record, "dir", rel);
-            b.engines.push_back(read_engine(join(dir, rel), target));
+            // An unreadable engine must not stop the host-side tools (they need no engine); classify
+            // reports it among the reasons no engine fits.
+            try {
+                b.engines.push_back(read_engine(join(dir, rel), target));
+            } catch (const std::exception& e) {
+                b.engine_errors.push_back(target + ": " + e.what());
+            }
         }
     }
     return b;

@@ -217,6 +217,11 @@ void test_bundle(const std::string& dir) {
     CHECK(d.input_size({24, 32}) == std::make_pair(24, 32));
     CHECK(throws_with([&] { d.input_size({18, 32}); }, "patch size"));
 
+    // A listed engine without engine.json: reported, not fatal for host-side use.
+    write_text(b2 + "/manifest.json", manifest(R"({"input_size": [16, 16]})", R"({"mode": "static", "height": 16, "width": 16})", R"({"gone": {}})"));
+    auto g = vitdeploy::read_bundle(b2);
+    CHECK(g.engines.empty() && g.engine_errors.size() == 1 && g.engine_errors[0].find("gone: cannot open") == 0);
+
     write_text(b2 + "/labels.txt", "cat\ndog\n");
     CHECK(throws_with([&] { vitdeploy::read_bundle(b2); }, "has 2 labels"));
     write_text(b2 + "/manifest.json", "{not json");

@@ -116,6 +116,7 @@ int run(const Args& args) {
     const vitdeploy::EngineInfo* chosen = nullptr;
     int profile = -1;
     std::string reasons;
+    for (const auto& error : bundle.engine_errors) reasons += "\n  " + error;
     for (const char* precision : {"int8", "fp16", "fp32"}) {
         for (const auto& e : bundle.engines) {
             if (chosen || (!args.engine.empty() ? e.target != args.engine : e.precision != precision)) continue;
@@ -130,7 +131,7 @@ int run(const Args& args) {
     }
     if (!chosen) {
         std::cerr << "error: no engine of " << args.bundle << " runs here (TensorRT " << version_text(trt) << ", " << prop.name << ", sm " << cc << ")"
-                  << (reasons.empty() ? "; the bundle has no engine" : reasons)
+                  << (reasons.empty() ? "; the bundle has no engine" + std::string(args.engine.empty() ? "" : " " + args.engine) : reasons)
                   << "\nrebuild on this device: vitdeploy build-engine " << args.bundle << "\n";
         return 1;
     }

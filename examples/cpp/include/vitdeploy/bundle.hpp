@@ -59,6 +59,7 @@ struct Bundle {
     bool dynamic_resolution = false;
     int default_h = 0, default_w = 0;  // manifest resolution height/width
     std::vector<EngineInfo> engines;
+    std::vector<std::string> engine_errors;  // listed engines whose engine.json could not be read
 
     // (H, W) the host feeds: fixed by a static graph, the resize target of a graph that resizes
     // inside, else `requested` (or the manifest's default) checked against the patch size.
