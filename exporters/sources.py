@@ -95,12 +95,12 @@ def load_state_dict(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorsError
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         try:
             return load_file(str(path))
-        except (SafetensorsError, OSError, ValueError) as exc:
+        except (SafetensorError, OSError, ValueError) as exc:
             raise UserError(f"checkpoint {path} is not a readable safetensors file ({exc})") from None
     torch = require("torch", "loading checkpoints")
     try:

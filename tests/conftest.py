@@ -1,0 +1,71 @@
+"""Shared fixtures: bundles exported once per session, and the `gpu` marker's skip rule."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+
+def _has_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+HAS_GPU = _has_gpu()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def export_cached(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
+    """export(source, **options) once per distinct call in the session; returns the Bundle.
+
+    Tests must not modify the returned bundle: copy it first (see ``copy_bundle``).
+    """
+    from vitdeploy.exporters import ExportOptions, export
+
+    cache: dict[str, Any] = {}
+    root = tmp_path_factory.mktemp("exports")
+
+    def run(source: str, **options: Any) -> Any:
+        key = json.dumps([source, options], sort_keys=True, default=str)
+        if key not in cache:
+            out = root / f"bundle{len(cache)}"
+            cache[key] = export(source, out, ExportOptions(**options))
+        return cache[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def digits_bundle(export_cached: Callable[..., Any]) -> Any:
+    """The bundled trained digits model, exported (fp32), verified against PyTorch on 64 images."""
+    return export_cached("builtin:digits")
+
+
+@pytest.fixture
+def copy_bundle(tmp_path: Path) -> Callable[[Any], Path]:
+    """Copy a session bundle into this test's tmp dir so the test may change it."""
+
+    def run(bundle: Any, name: str = "bundle") -> Path:
+        dst = tmp_path / name
+        shutil.copytree(bundle.root, dst)
+        return dst
+
+    return run

@@ -1,0 +1,141 @@
+"""Acceptance of `vitdeploy export`: ONNX Runtime on uint8 images equals PyTorch (same images through
+the model's own preprocessing) to max |dlogit| <= 1e-4 with 100% top-1 agreement on 64 images, at the
+native size, at 384 (static) and with --dynamic-resolution at 160, 224, 288 and 224x320.
+
+The digits model is 32x32 with patch 4: its equivalents are 56 static (the 384/224 ratio) and
+16, 48, 32x56 dynamic (four patches either side, and a non-square size), as for 224/16.
+Timm and HF models are random-init, saved as checkpoints by the test, and exported from those.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitdeploy.preprocess import random_images
+from vitdeploy.runtime.ort import OrtRunner
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Random-init models saved the way a user saves a fine-tune, with the export options they need."""
+    import timm
+    from safetensors.torch import save_file
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    torch.manual_seed(0)
+    out: dict[str, dict] = {"digits": {"source": "builtin:digits", "options": {}}}
+    specs = {
+        "vit_tiny": ("vit_tiny_patch16_224", {}),
+        "deit_tiny_distilled": ("deit_tiny_distilled_patch16_224", {}),
+        "vit_tiny_gap": ("vit_tiny_patch16_224", {"class_token": False, "global_pool": "avg"}),
+    }
+    for key, (name, kwargs) in specs.items():
+        model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+        path = root / f"{key}.safetensors"
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+        out[key] = {"source": f"timm:{name}", "options": {"checkpoint": str(path), "model_kwargs": kwargs or None}, "timm": (name, kwargs)}
+    hf_dir = root / "hf_vit"
+    config = ViTConfig(image_size=224, patch_size=16, hidden_size=96, num_hidden_layers=3, num_attention_heads=4,
+                       intermediate_size=192, num_labels=6, id2label={i: f"class{i}" for i in range(6)},
+                       label2id={f"class{i}": i for i in range(6)})
+    ViTForImageClassification(config).save_pretrained(hf_dir)
+    ViTImageProcessor(size={"height": 224, "width": 224}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]).save_pretrained(hf_dir)
+    out["hf_vit"] = {"source": f"hf:{hf_dir}", "options": {}}
+    return out
+
+
+MODELS = ["digits", "vit_tiny", "deit_tiny_distilled", "vit_tiny_gap", "hf_vit"]
+
+
+def _static_size(model: str) -> tuple[int, int]:
+    return (56, 56) if model == "digits" else (384, 384)
+
+
+def _assert_verified(bundle, sizes: list[tuple[int, int]]) -> None:
+    record = bundle.manifest["records"]["export_check"]
+    assert record["passed"], record["failures"]
+    assert [(s["height"], s["width"]) for s in record["sizes"]] == sizes
+    for size in record["sizes"]:
+        assert size["images"] == 64
+        assert size["max_abs"] <= 1e-4
+        assert size["top1_agreement"] == 1.0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_native_static_matches_pytorch(model, checkpoints, export_cached):
+    entry = checkpoints[model]
+    bundle = export_cached(entry["source"], **entry["options"])
+    h, w = bundle.spec.image_size
+    _assert_verified(bundle, [(h, w)])
+    assert bundle.resolution["mode"] == "static"
+    # An independent reference: the source library's own model and normalisation, not vitdeploy's.
+    images = random_images(16, h, w, seed=7)  # the export itself already compared 64
+    got = OrtRunner(bundle.artifact_path("fp32")).infer(images)["logits"]
+    ref = _library_reference(model, entry, bundle, images)
+    assert np.abs(got - ref).max() <= 1e-4
+    assert (got.argmax(1) == ref.argmax(1)).all()
+
+
+def _library_reference(model: str, entry: dict, bundle, images: np.ndarray) -> np.ndarray:
+    from torchvision.transforms import Normalize
+
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
+    with torch.no_grad():
+        if model == "digits":
+            from vitdeploy.builtin import get_builtin
+
+            entry_model = get_builtin("digits")
+            pre = entry_model.load_config()["preprocessing"]
+            return entry_model.load_model()(Normalize(pre["mean"], pre["std"])(x)).numpy()
+        if model == "hf_vit":
+            from transformers import ViTForImageClassification, ViTImageProcessor
+
+            directory = entry["source"].split(":", 1)[1]
+            processor = ViTImageProcessor.from_pretrained(directory)
+            pixel = processor(list(images), return_tensors="pt", do_resize=False)["pixel_values"]
+            return ViTForImageClassification.from_pretrained(directory)(pixel_values=pixel).logits.numpy()
+        import timm
+        from safetensors.torch import load_file
+
+        name, kwargs = entry["timm"]
+        net = timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval()
+        net.load_state_dict(load_file(entry["options"]["checkpoint"]))
+        cfg = net.pretrained_cfg
+        return net(Normalize(cfg["mean"], cfg["std"])(x)).numpy()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_static_other_resolution_matches_pytorch(model, checkpoints, export_cached):
+    entry = checkpoints[model]
+    size = _static_size(model)
+    bundle = export_cached(entry["source"], resolution=size, **entry["options"])
+    _assert_verified(bundle, [size])
+    assert bundle.preprocessing["input_size"] == list(size)
+    assert bundle.spec.image_size == size
+    interp = bundle.resolution["pos_embed_interpolation"]
+    assert (interp["method"], interp["align_corners"], interp["antialias"]) == ("bicubic", False, False)
+    # the graph really is static: its input declares the size
+    import onnx
+
+    dims = onnx.load(str(bundle.artifact_path("fp32"))).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims[1:]] == [size[0], size[1], 3]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_dynamic_resolution_matches_pytorch(model, checkpoints, export_cached):
+    entry = checkpoints[model]
+    bundle = export_cached(entry["source"], dynamic_resolution=True, **entry["options"])
+    expected = [(32, 32), (16, 16), (48, 48), (32, 56)] if model == "digits" else [(224, 224), (160, 160), (288, 288), (224, 320)]
+    _assert_verified(bundle, expected)
+    import onnx
+
+    dims = onnx.load(str(bundle.artifact_path("fp32"))).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param for d in dims[:3]] == ["batch", "height", "width"]
+    assert bundle.preprocessing["input_size"] is None
