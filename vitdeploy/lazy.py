@@ -30,6 +30,11 @@ _INSTALL_HINTS = {
 }
 
 
+def install_hint(module: str) -> str:
+    top = (module or "").split(".")[0]
+    return _INSTALL_HINTS.get(top, f"pip install {top}")
+
+
 def require(module: str, purpose: str | None = None) -> ModuleType:
     """Import ``module`` or raise MissingDependencyError naming what to install."""
     try:
@@ -37,8 +42,7 @@ def require(module: str, purpose: str | None = None) -> ModuleType:
     except ImportError as exc:
         from .errors import MissingDependencyError
 
-        top = module.split(".")[0]
-        hint = _INSTALL_HINTS.get(top, f"pip install {top}")
+        hint = install_hint(module)
         what = f" for {purpose}" if purpose else ""
         raise MissingDependencyError(f"{module} is needed{what} but cannot be imported ({exc}); {hint}") from None
 

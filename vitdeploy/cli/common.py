@@ -23,6 +23,13 @@ class VitCommand(click.Command):
         except VitDeployError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except ImportError as exc:
+            # An optional dependency missing below a lazy import: one line with what to install.
+            from ..lazy import install_hint
+
+            module = getattr(exc, "name", None) or str(exc)
+            click.echo(f"error: {module} is needed for `{ctx.command.name}` but cannot be imported ({exc}); {install_hint(module)}", err=True)
+            ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted: nothing was written (artifacts are replaced atomically)", err=True)
             ctx.exit(130)
