@@ -1,0 +1,65 @@
+"""`vitdeploy build-engine`: a TensorRT engine for this GPU or Jetson, or its plan, trtexec line, DLA report."""
+
+from __future__ import annotations
+
+import click
+
+from .common import command
+
+
+@command("build-engine")
+@click.argument("bundle", type=click.Path())
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "best"]), default="best", show_default=True,
+              help="Which graph to compile: model.onnx, model.fp16.onnx, model.int8.onnx; best = int8, else fp16, else fp32.")
+@click.option("--legacy-precision", is_flag=True,
+              help="TensorRT < 11 only: fp32 graph + FP16/INT8 builder flags (+ entropy calibrator for int8).")
+@click.option("--batch", "batch", multiple=True, metavar="MIN:OPT:MAX",
+              help="Batch range of a profile (default 1:8:32; 1 with --dla-core). Repeat for several profiles.")
+@click.option("--resolution", "resolution", multiple=True, metavar="MIN:OPT:MAX",
+              help="H/W range of a profile for dynamic-resolution graphs, e.g. 224:224:384 or 224x320. Repeatable.")
+@click.option("--workspace", metavar="SIZE", help="Workspace memory limit, e.g. 4G or 512M (plain numbers are MiB).")
+@click.option("--opt-level", type=int, help="Builder optimisation level 0..5 (TensorRT >= 8.6; its default is 3).")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save a timing cache, keyed by TensorRT version and GPU.")
+@click.option("--hardware-compat", type=click.Choice(["none", "ampere+", "same-cc"]), default="none", show_default=True,
+              help="Hardware-compatible engine (ampere+: TensorRT >= 8.6; same-cc: >= 10.9).")
+@click.option("--version-compatible", is_flag=True, help="Version-compatible engine (TensorRT >= 8.6).")
+@click.option("--dla-core", type=int, help="Jetson: run on DLA core N with GPU fallback (fp16/int8, static shapes).")
+@click.option("--no-gpu-fallback", is_flag=True, help="With --dla-core: fail unless every layer runs on DLA.")
+@click.option("--calib-data", type=click.Path(dir_okay=False), help="Legacy INT8: uint8 images [N,H,W,3] as .npy.")
+@click.option("--calib-cache", type=click.Path(dir_okay=False), help="Legacy INT8: calibration cache to read/write.")
+@click.option("--calib-batch", type=int, default=8, show_default=True, help="Legacy INT8: calibration batch size.")
+@click.option("--target", help="Engine folder name under engines/ (default: <gpu>-trt<version>-<precision>).")
+@click.option("--trt-version", help="Plan for this TensorRT version instead of the installed one (dry runs, trtexec line).")
+@click.option("--dry-run", is_flag=True, help="Validate the plan, write reports/engine-plan-<target>.json; no TensorRT or GPU needed.")
+@click.option("--print-trtexec", is_flag=True, help="Print the equivalent trtexec command (without building).")
+@click.option("--dla-report", is_flag=True, help="DLA feasibility report from the ONNX graph (no GPU or TensorRT needed).")
+def command(bundle: str, **kw: object) -> None:
+    """Compile a bundle's graph into a TensorRT engine on this device.
+
+    Engines are tied to the GPU, the TensorRT version and the platform, so they are built where they
+    run. The result is engines/<target>/model.plan and engine.json (TensorRT version, GPU, compute
+    capability, JetPack, profiles, precision path, source graph hash), which is checked before loading.
+    TensorRT >= 10 builds the bundle's graph of the chosen precision strongly typed; 11 has only
+    that path.
+
+    \b
+    Example:
+      vitdeploy build-engine bundle --precision fp16 --batch 1:8:32
+      vitdeploy build-engine bundle --resolution 224:224:384 --timing-cache trt.cache
+      vitdeploy build-engine bundle --dry-run --print-trtexec --trt-version 10.3
+      vitdeploy build-engine bundle --precision int8 --dla-core 0 --batch 1
+      vitdeploy build-engine bundle --precision fp16 --dla-report
+    """
+    from ..engine.plan import PlanOptions
+    from ..engine.service import BuildEngineRequest, run
+
+    options = PlanOptions(
+        precision=kw["precision"], legacy_precision=kw["legacy_precision"], batch=tuple(kw["batch"]),
+        resolution=tuple(kw["resolution"]), workspace=kw["workspace"], optimization_level=kw["opt_level"],
+        timing_cache=kw["timing_cache"], hardware_compatibility=kw["hardware_compat"],
+        version_compatible=kw["version_compatible"], dla_core=kw["dla_core"], gpu_fallback=not kw["no_gpu_fallback"],
+        calib_data=kw["calib_data"], calib_cache=kw["calib_cache"], calib_batch=kw["calib_batch"], target=kw["target"],
+    )  # type: ignore[arg-type]
+    outcome = run(BuildEngineRequest(bundle, options, kw["trt_version"], kw["dry_run"], kw["print_trtexec"], kw["dla_report"]))  # type: ignore[arg-type]
+    for line in outcome.lines:
+        click.echo(line)

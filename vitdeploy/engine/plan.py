@@ -1,0 +1,479 @@
+"""The engine build plan: everything a TensorRT build will do, as plain data, validated up front.
+
+A plan is made from a bundle, the user's options and the target TensorRT's capabilities. It never
+touches TensorRT, so ``--dry-run`` and ``--print-trtexec`` work on any machine, and every rule here
+(precision path, profiles against the graph's input, DLA limits) is tested on the CPU. ``builder``
+then applies a plan to a live TensorRT builder, and ``trtexec`` writes the same plan as a command line.
+
+Precision paths:
+
+- ``strongly-typed`` (TensorRT >= 10): the bundle's graph of the chosen precision (model.onnx,
+  model.fp16.onnx or model.int8.onnx) is compiled as typed; the graph decides every layer's type.
+- ``typed-graph+flags`` (TensorRT 8.x, which has no strong typing): the same graph, with the
+  builder flag its types need (FP16 for the fp16 graph, INT8+FP16 for the Q/DQ graph).
+- ``legacy-flags`` (``--legacy-precision``, TensorRT < 11 only): the fp32 graph with the FP16/INT8
+  builder flags and, for INT8, the entropy calibrator fed from calibration data or a cache.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import ConfigError, UserError
+from ..spec import check_resolution, parse_resolution
+from .versions import Capabilities
+
+PRECISIONS = ("fp32", "fp16", "int8")
+PRECISION_CHOICES = PRECISIONS + ("best",)
+PATH_STRONGLY_TYPED = "strongly-typed"
+PATH_TYPED_GRAPH_FLAGS = "typed-graph+flags"
+PATH_LEGACY = "legacy-flags"
+HARDWARE_COMPAT = ("none", "ampere+", "same-cc")
+MAX_OPT_LEVEL = 5  # builder optimisation levels are 0..5 (trtexec help, TensorRT 8.6 to 11)
+
+# DLA limits from NVIDIA's "DLA Supported Layers and Restrictions" (general restrictions).
+DLA_MAX_BATCH = 4096
+DLA_MAX_DIM = 8192
+
+Triple = tuple[int, int, int]
+
+
+# -- small parsers -------------------------------------------------------------------------------
+def parse_triple(text: str, what: str) -> tuple[str, str, str]:
+    """'1:8:32' -> ('1', '8', '32'); '8' -> ('8', '8', '8') (a static dimension)."""
+    parts = [p.strip() for p in str(text).split(":")]
+    if len(parts) == 1:
+        parts = parts * 3
+    if len(parts) != 3 or not all(parts):
+        raise UserError(f"{what} {text!r} is not MIN:OPT:MAX or one value (e.g. 1:8:32 or 8)")
+    return parts[0], parts[1], parts[2]
+
+
+def parse_batch(text: str) -> Triple:
+    raw = parse_triple(text, "--batch")
+    try:
+        values = tuple(int(v) for v in raw)
+    except ValueError:
+        raise UserError(f"--batch {text!r} must be integers MIN:OPT:MAX (e.g. 1:8:32)") from None
+    _check_order(values, f"--batch {text}")
+    return values  # type: ignore[return-value]
+
+
+def parse_resolution_range(text: str) -> tuple[Triple, Triple]:
+    """'224:224:384' -> ((224,224,384), (224,224,384)); '224x320' -> static 224x320."""
+    sizes = [parse_resolution(part) for part in parse_triple(text, "--resolution")]
+    heights = tuple(s[0] for s in sizes)
+    widths = tuple(s[1] for s in sizes)
+    _check_order(heights, f"--resolution {text} (height)")
+    _check_order(widths, f"--resolution {text} (width)")
+    return heights, widths  # type: ignore[return-value]
+
+
+def _check_order(values: Sequence[int], what: str) -> None:
+    lo, opt, hi = values
+    if lo < 1:
+        raise UserError(f"{what}: values must be positive")
+    if not lo <= opt <= hi:
+        raise UserError(f"{what}: need MIN <= OPT <= MAX, got {lo}:{opt}:{hi}")
+
+
+_SIZE_UNITS = {"": 1 << 20, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "b": 1}
+
+
+def parse_size(text: str) -> int:
+    """'4G', '512M', '1.5GiB', '2048' (MiB, as trtexec reads it) -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtb]?)(?:i?b)?\s*", str(text).lower())
+    if not match:
+        raise UserError(f"size {text!r} is not a number with an optional K/M/G suffix (e.g. 4G or 512M)")
+    value = float(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if value < 1 << 20:
+        raise UserError(f"workspace {text!r} is below 1 MiB; give e.g. 512M or 4G")
+    return int(value)
+
+
+# -- the graph's input -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GraphTensor:
+    name: str
+    dtype: str  # numpy name: uint8, float32, float16, ...
+    shape: tuple[int | str, ...]  # ints for fixed axes, symbol names for dynamic ones
+
+
+def read_graph_io(path: str | Path) -> tuple[list[GraphTensor], list[GraphTensor]]:
+    """The ONNX graph's real inputs and outputs (initializers excluded), without loading weights."""
+    from ..lazy import require
+
+    onnx = require("onnx", "reading the graph's inputs")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # DecodeError, OSError ...
+        raise UserError(f"{path} is not a readable ONNX file ({exc.__class__.__name__})") from None
+    inits = {i.name for i in model.graph.initializer}
+
+    def describe(value: Any) -> GraphTensor:
+        ttype = value.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type).name if ttype.elem_type else "unknown"
+        dims: list[int | str] = []
+        for d in ttype.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(int(d.dim_value))
+            else:
+                dims.append(d.dim_param or "?")
+        return GraphTensor(value.name, dtype, tuple(dims))
+
+    inputs = [describe(v) for v in model.graph.input if v.name not in inits]
+    outputs = [describe(v) for v in model.graph.output]
+    return inputs, outputs
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    """Where batch, height, width and channels sit in the graph's image input."""
+
+    name: str
+    dtype: str
+    layout: str  # "NHWC" (vitdeploy's uint8 contract) or "NCHW" (float-nchw graphs)
+    channels: int
+    fixed: dict[str, int]  # axis letter -> fixed size, for the axes the graph does not leave dynamic
+
+    def shape(self, batch: int, height: int, width: int) -> tuple[int, int, int, int]:
+        if self.layout == "NHWC":
+            return (batch, height, width, self.channels)
+        return (batch, self.channels, height, width)
+
+
+def image_input(inputs: list[GraphTensor], channels: int = 3) -> InputLayout:
+    if len(inputs) != 1:
+        names = ", ".join(i.name for i in inputs) or "none"
+        raise UserError(f"the graph has {len(inputs)} inputs ({names}); vitdeploy engines take one image input")
+    tensor = inputs[0]
+    if len(tensor.shape) != 4:
+        raise UserError(f"input {tensor.name!r} has shape {list(tensor.shape)}; expected 4-D images (N,H,W,C or N,C,H,W)")
+    if tensor.shape[3] == channels:
+        layout, axes = "NHWC", "NHWC"
+    elif tensor.shape[1] == channels:
+        layout, axes = "NCHW", "NCHW"
+    else:
+        raise UserError(f"input {tensor.name!r} has shape {list(tensor.shape)}: no axis of {channels} channels")
+    fixed = {axis: int(dim) for axis, dim in zip(axes, tensor.shape) if isinstance(dim, int) and axis != "C"}
+    return InputLayout(tensor.name, tensor.dtype, layout, channels, fixed)
+
+
+# -- profiles ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Profile:
+    """One optimisation profile: min/opt/max of batch, height and width."""
+
+    batch: Triple
+    height: Triple
+    width: Triple
+
+    @property
+    def is_static(self) -> bool:
+        return len(set(self.batch)) == len(set(self.height)) == len(set(self.width)) == 1
+
+    def shapes(self, layout: InputLayout) -> dict[str, tuple[int, ...]]:
+        return {
+            key: layout.shape(self.batch[i], self.height[i], self.width[i])
+            for i, key in enumerate(("min", "opt", "max"))
+        }
+
+    def describe(self) -> str:
+        def tri(t: Triple) -> str:
+            return str(t[0]) if len(set(t)) == 1 else f"{t[0]}:{t[1]}:{t[2]}"
+
+        return f"batch {tri(self.batch)}, {tri(self.height)}x{tri(self.width)}"
+
+
+def build_profiles(
+    batches: Sequence[str],
+    resolutions: Sequence[str],
+    layout: InputLayout,
+    default_hw: tuple[int, int],
+    patch_size: tuple[int, int] | None,
+    default_batch: str = "1:8:32",
+) -> list[Profile]:
+    """Pair --batch and --resolution options into profiles and check them against the graph."""
+    batch_list = [parse_batch(b) for b in batches] or [parse_batch(layout_default_batch(layout, default_batch))]
+    res_list = [parse_resolution_range(r) for r in resolutions]
+    if not res_list:
+        h = layout.fixed.get("H", default_hw[0])
+        w = layout.fixed.get("W", default_hw[1])
+        res_list = [((h, h, h), (w, w, w))]
+    count = max(len(batch_list), len(res_list))
+    for name, items in (("--batch", batch_list), ("--resolution", res_list)):
+        if len(items) not in (1, count):
+            raise UserError(
+                f"{len(batch_list)} --batch and {len(res_list)} --resolution options: give one of each per "
+                f"profile, or one {name} for all profiles"
+            )
+    profiles = []
+    for i in range(count):
+        batch = batch_list[i if len(batch_list) > 1 else 0]
+        heights, widths = res_list[i if len(res_list) > 1 else 0]
+        profiles.append(Profile(batch, heights, widths))
+    for number, profile in enumerate(profiles):
+        _check_profile_against_graph(profile, layout, patch_size, number)
+    if len(set(profiles)) != len(profiles):
+        raise UserError("two optimisation profiles are identical; drop the repeated --batch/--resolution")
+    return profiles
+
+
+def layout_default_batch(layout: InputLayout, default: str) -> str:
+    fixed = layout.fixed.get("N")
+    return str(fixed) if fixed else default
+
+
+def _check_profile_against_graph(profile: Profile, layout: InputLayout, patch: tuple[int, int] | None, number: int) -> None:
+    where = f"profile {number} ({profile.describe()})"
+    for axis, values, option in (("N", profile.batch, "--batch"), ("H", profile.height, "--resolution"), ("W", profile.width, "--resolution")):
+        fixed = layout.fixed.get(axis)
+        if fixed is not None and set(values) != {fixed}:
+            what = {"N": "batch", "H": "height", "W": "width"}[axis]
+            raise UserError(
+                f"{where}: the graph's {what} is fixed at {fixed}; use {option} {fixed}"
+                + (" (export with --dynamic-resolution for other sizes)" if axis != "N" else "")
+            )
+    if patch is not None:
+        for h in sorted(set(profile.height)):
+            for w in sorted(set(profile.width)):
+                try:
+                    check_resolution(h, w, patch)
+                except UserError as exc:
+                    raise UserError(f"{where}: {exc}") from None
+
+
+# -- options and plan ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the user asked for (the CLI's options, unvalidated)."""
+
+    precision: str = "best"
+    legacy_precision: bool = False
+    batch: tuple[str, ...] = ()
+    resolution: tuple[str, ...] = ()
+    workspace: str | None = None
+    optimization_level: int | None = None
+    timing_cache: str | None = None
+    hardware_compatibility: str = "none"
+    version_compatible: bool = False
+    dla_core: int | None = None
+    gpu_fallback: bool = True
+    calib_data: str | None = None
+    calib_cache: str | None = None
+    calib_batch: int = 8
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    trt_version: str
+    source: str  # the ONNX graph compiled
+    source_sha256: str
+    source_precision: str  # which bundle graph that is
+    precision: str  # what the engine computes: fp32 | fp16 | int8
+    requested_precision: str
+    precision_path: str
+    builder_flags: tuple[str, ...]  # BuilderFlag names set for precision/DLA (empty when strongly typed)
+    input_name: str
+    input_dtype: str
+    input_layout: str
+    channels: int
+    profiles: tuple[Profile, ...]
+    workspace_bytes: int | None = None
+    optimization_level: int | None = None
+    timing_cache: str | None = None
+    hardware_compatibility: str = "none"
+    version_compatible: bool = False
+    dla_core: int | None = None
+    gpu_fallback: bool = True
+    calibration: dict[str, Any] | None = None
+    target: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def layout(self) -> InputLayout:
+        return InputLayout(self.input_name, self.input_dtype, self.input_layout, self.channels, {})
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["profiles"] = [
+            {"batch": list(p.batch), "height": list(p.height), "width": list(p.width), "shapes": {k: list(v) for k, v in p.shapes(self.layout).items()}}
+            for p in self.profiles
+        ]
+        data["builder_flags"] = list(self.builder_flags)
+        data["notes"] = list(self.notes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EnginePlan":
+        known = set(cls.__dataclass_fields__)
+        values = {k: v for k, v in data.items() if k in known}
+        values["profiles"] = tuple(
+            Profile(tuple(p["batch"]), tuple(p["height"]), tuple(p["width"])) for p in data["profiles"]  # type: ignore[arg-type]
+        )
+        values["builder_flags"] = tuple(data.get("builder_flags", ()))
+        values["notes"] = tuple(data.get("notes", ()))
+        return cls(**values)
+
+    def with_target(self, target: str) -> "EnginePlan":
+        return replace(self, target=target)
+
+    def default_target(self, gpu_slug: str | None = None) -> str:
+        """engines/<target>: GPU (when known), TensorRT version, precision and DLA core."""
+        parts = ([gpu_slug] if gpu_slug else []) + [f"trt{self.trt_version}", self.precision]
+        if self.dla_core is not None:
+            parts.append(f"dla{self.dla_core}")
+        return "-".join(parts)
+
+
+def choose_precision(requested: str, available: Sequence[str], legacy: bool, has_calibration: bool) -> str:
+    if requested not in PRECISION_CHOICES:
+        raise UserError(f"precision {requested!r} is not one of {', '.join(PRECISION_CHOICES)}")
+    if requested != "best":
+        return requested
+    if legacy:
+        return "int8" if has_calibration else "fp16"
+    for precision in ("int8", "fp16", "fp32"):
+        if precision in available:
+            return precision
+    raise UserError("the bundle has no graph to build; re-export it with `vitdeploy export`")
+
+
+def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePlan:
+    """Validate ``options`` against the bundle's graph and the TensorRT ``caps``; return the plan."""
+    from ..fileio import sha256_file
+
+    notes: list[str] = []
+    has_calib = bool(options.calib_data or options.calib_cache)
+    if options.legacy_precision and not caps.legacy_precision:
+        raise ConfigError(
+            f"--legacy-precision needs TensorRT < 11: TensorRT {caps.version} has no FP16/INT8 builder flags "
+            "and no implicit INT8 calibration; drop --legacy-precision to build the bundle's fp16/int8 graph "
+            "strongly typed"
+        )
+    if has_calib and not options.legacy_precision:
+        raise UserError(
+            "--calib-data/--calib-cache feed the legacy INT8 calibrator; add --legacy-precision, or drop them: "
+            "the bundle's int8 graph carries its own Q/DQ scales"
+        )
+    precision = choose_precision(options.precision, bundle.precisions(), options.legacy_precision, has_calib)
+
+    # Which graph, which path, which flags
+    if options.legacy_precision:
+        path, source_precision = PATH_LEGACY, "fp32"
+        flags = {"fp32": (), "fp16": ("FP16",), "int8": ("INT8", "FP16")}[precision]
+        if precision == "int8":
+            if not has_calib:
+                raise UserError(
+                    "legacy INT8 needs calibration data: give --calib-data IMAGES.npy (uint8 N,H,W,3) or an existing "
+                    "--calib-cache FILE; or build the bundle's Q/DQ graph without --legacy-precision"
+                )
+            notes.append("legacy INT8+FP16 flags let TensorRT choose fp16 for LayerNorm/Softmax; the strongly typed fp16/int8 graphs keep them in fp32")
+        elif precision == "fp16":
+            notes.append("legacy FP16 flag lets TensorRT choose fp16 for LayerNorm/Softmax; the strongly typed fp16 graph keeps them in fp32")
+    elif caps.strongly_typed:
+        path, source_precision, flags = PATH_STRONGLY_TYPED, precision, ()
+    else:
+        path, source_precision = PATH_TYPED_GRAPH_FLAGS, precision
+        flags = {"fp32": (), "fp16": ("FP16",), "int8": ("INT8", "FP16")}[precision]
+        if precision != "fp32":
+            notes.append(
+                f"TensorRT {caps.version} has no strongly typed networks: the {precision} graph is built weakly typed "
+                "with precision flags, and TensorRT may pick other types for layers the graph keeps in fp32"
+            )
+    source = Path(bundle.artifact_path(source_precision))
+
+    # Profiles against the graph's real input
+    inputs, _ = read_graph_io(source)
+    spec = bundle.spec
+    layout = image_input(inputs, spec.in_chans)
+    resolution = bundle.manifest.get("resolution") or {}
+    preprocessing = bundle.manifest.get("preprocessing") or {}
+    # The model itself runs at the fed size unless the graph resizes inside: then any size is valid.
+    patch = None if preprocessing.get("in_graph_resize") else tuple(spec.patch_size)
+    default_hw = (int(resolution.get("height") or spec.image_size[0]), int(resolution.get("width") or spec.image_size[1]))
+    default_batch = "1" if options.dla_core is not None else "1:8:32"
+    profiles = build_profiles(options.batch, options.resolution, layout, default_hw, patch, default_batch)  # type: ignore[arg-type]
+
+    # Builder knobs against what this version has
+    workspace = parse_size(options.workspace) if options.workspace else None
+    level = options.optimization_level
+    if level is not None:
+        if not 0 <= int(level) <= MAX_OPT_LEVEL:
+            raise UserError(f"--opt-level {level} is outside 0..{MAX_OPT_LEVEL}")
+        if not caps.builder_optimization_level:
+            raise ConfigError(f"TensorRT {caps.version} has no builder optimisation level (added in 8.6); drop --opt-level")
+    hw = options.hardware_compatibility or "none"
+    if hw not in HARDWARE_COMPAT:
+        raise UserError(f"--hardware-compat {hw!r} is not one of {', '.join(HARDWARE_COMPAT)}")
+    if hw != "none" and not caps.hardware_compatibility:
+        raise ConfigError(f"TensorRT {caps.version} has no hardware-compatible engines (added in 8.6)")
+    if hw == "same-cc" and not caps.same_compute_capability:
+        raise ConfigError(f"TensorRT {caps.version} has no same-compute-capability engines (added in 10.9); use ampere+ or none")
+    if options.version_compatible and not caps.version_compatible:
+        raise ConfigError(f"TensorRT {caps.version} has no version-compatible engines (added in 8.6)")
+
+    # DLA: FP16/INT8 only, no dynamic dimensions
+    if options.dla_core is not None:
+        if int(options.dla_core) < 0:
+            raise UserError(f"--dla-core {options.dla_core} must be 0 or more")
+        if precision == "fp32":
+            raise ConfigError("DLA runs FP16 and INT8 only; use --precision fp16 or int8 with --dla-core")
+        dynamic = [p.describe() for p in profiles if not p.is_static]
+        if dynamic:
+            raise ConfigError(
+                "DLA has no dynamic dimensions: give one value per profile, e.g. --batch 8 --resolution 224 "
+                f"(dynamic: {'; '.join(dynamic)})"
+            )
+        for p in profiles:
+            if p.batch[0] > DLA_MAX_BATCH:
+                raise ConfigError(f"DLA batch is at most {DLA_MAX_BATCH}; got {p.batch[0]}")
+            if max(p.height[0], p.width[0]) > DLA_MAX_DIM:
+                raise ConfigError(f"DLA dimensions are at most {DLA_MAX_DIM}; got {p.height[0]}x{p.width[0]}")
+        if hw != "none":
+            raise ConfigError("hardware-compatible engines are GPU-only; drop --hardware-compat with --dla-core")
+        if not options.gpu_fallback:
+            notes.append("no GPU fallback: the build fails unless every layer runs on DLA (see --dla-report)")
+    elif not options.gpu_fallback:
+        raise UserError("--no-gpu-fallback only applies with --dla-core")
+
+    calibration = None
+    if path == PATH_LEGACY and precision == "int8":
+        if options.calib_batch < 1:
+            raise UserError("--calib-batch must be at least 1")
+        calibration = {
+            "algorithm": "entropy2",
+            "data": str(options.calib_data) if options.calib_data else None,
+            "cache": str(options.calib_cache) if options.calib_cache else None,
+            "batch": int(options.calib_batch),
+        }
+
+    return EnginePlan(
+        trt_version=caps.version,
+        source=str(source),
+        source_sha256=sha256_file(source),
+        source_precision=source_precision,
+        precision=precision,
+        requested_precision=options.precision,
+        precision_path=path,
+        builder_flags=tuple(flags),
+        input_name=layout.name,
+        input_dtype=layout.dtype,
+        input_layout=layout.layout,
+        channels=layout.channels,
+        profiles=tuple(profiles),
+        workspace_bytes=workspace,
+        optimization_level=int(level) if level is not None else None,
+        timing_cache=str(options.timing_cache) if options.timing_cache else None,
+        hardware_compatibility=hw,
+        version_compatible=bool(options.version_compatible),
+        dla_core=int(options.dla_core) if options.dla_core is not None else None,
+        gpu_fallback=bool(options.gpu_fallback),
+        calibration=calibration,
+        target=options.target,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,105 @@
+"""The trtexec command line that builds what a plan describes, for a given TensorRT version.
+
+Flag names and their availability were checked against trtexec's own option parser and help text
+(NVIDIA/TensorRT ``samples/common/sampleOptions.cpp`` at tags v8.6.1, v10.3.0, v10.16 and v11.1):
+
+- ``--minShapes/--optShapes/--maxShapes=name:AxBxCxD``: every version; several profiles need
+  ``--profile=N`` before each set (9.x and later; trtexec 8.x builds one profile).
+- ``--stronglyTyped``: 10.x; in 11 it is a deprecated no-op (strong typing is the default), so omitted.
+- ``--fp16``, ``--int8``, ``--calib=<file>``: up to 10.x; removed in 11.
+- ``--memPoolSize=workspace:<size>`` (MiB when no suffix), ``--builderOptimizationLevel=N`` (8.6+),
+  ``--timingCacheFile=<file>``, ``--hardwareCompatibilityLevel=none|ampere+|sameComputeCapability``
+  (8.6+; the last 10.9+), ``--versionCompatible`` (8.6+), ``--useDLACore=N``, ``--allowGPUFallback``,
+  ``--saveEngine=<file>``, ``--skipInference`` (build only).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .plan import PATH_LEGACY, PATH_STRONGLY_TYPED, EnginePlan
+from .versions import Capabilities
+
+_HW_COMPAT_TRTEXEC = {"ampere+": "ampere+", "same-cc": "sameComputeCapability"}
+
+
+@dataclass
+class TrtexecCommand:
+    argv: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def text(self, multiline: bool = True) -> str:
+        quoted = [shlex.quote(a) for a in self.argv]
+        if not multiline:
+            return " ".join(quoted)
+        return " \\\n    ".join(quoted)
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def _mib(nbytes: int) -> str:
+    mib = nbytes / (1 << 20)
+    return str(int(mib)) if mib.is_integer() else f"{mib:.4f}".rstrip("0")
+
+
+def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Path | None = None) -> TrtexecCommand:
+    """The trtexec invocation equivalent to ``plan`` for the TensorRT ``caps`` describe."""
+    argv = ["trtexec", f"--onnx={plan.source}"]
+    notes: list[str] = []
+    layout = plan.layout
+
+    profiles = list(plan.profiles)
+    if len(profiles) > 1 and not caps.trtexec_profiles:
+        notes.append(
+            f"trtexec {caps.trt_version.short} builds a single optimisation profile; this line builds profile 0 of "
+            f"{len(profiles)} (vitdeploy build-engine builds them all)"
+        )
+        profiles = profiles[:1]
+    for index, profile in enumerate(profiles):
+        if len(profiles) > 1:
+            argv.append(f"--profile={index}")
+        shapes = profile.shapes(layout)
+        for key, flag in (("min", "--minShapes"), ("opt", "--optShapes"), ("max", "--maxShapes")):
+            argv.append(f"{flag}={plan.input_name}:{_dims(shapes[key])}")
+
+    if plan.precision_path == PATH_STRONGLY_TYPED:
+        if caps.trtexec_strongly_typed_flag:
+            argv.append("--stronglyTyped")
+        # 11.x: strongly typed is the only mode; no flag.
+    else:
+        if not caps.trtexec_precision_flags:
+            raise ValueError(f"plan path {plan.precision_path} cannot be expressed for trtexec {caps.version}")
+        for flag in plan.builder_flags:
+            if flag in ("FP16", "INT8"):
+                argv.append(f"--{flag.lower()}")
+        if plan.precision_path == PATH_LEGACY and plan.precision == "int8":
+            cache = (plan.calibration or {}).get("cache")
+            if cache:
+                argv.append(f"--calib={cache}")
+                notes.append("trtexec only reads a calibration cache; write it first with vitdeploy's calibrator (build-engine --legacy-precision --calib-data ...)")
+            else:
+                notes.append("trtexec cannot run the entropy calibrator: without --calib it uses placeholder INT8 scales; build with vitdeploy or give --calib-cache")
+
+    if plan.workspace_bytes:
+        argv.append(f"--memPoolSize=workspace:{_mib(plan.workspace_bytes)}")
+    if plan.optimization_level is not None:
+        argv.append(f"--builderOptimizationLevel={plan.optimization_level}")
+    if plan.timing_cache:
+        argv.append(f"--timingCacheFile={plan.timing_cache}")
+    if plan.hardware_compatibility != "none":
+        argv.append(f"--hardwareCompatibilityLevel={_HW_COMPAT_TRTEXEC[plan.hardware_compatibility]}")
+    if plan.version_compatible:
+        argv.append("--versionCompatible")
+    if plan.dla_core is not None:
+        argv.append(f"--useDLACore={plan.dla_core}")
+        if plan.gpu_fallback:
+            argv.append("--allowGPUFallback")
+    if engine_path is None:
+        engine_path = f"engines/{plan.target or plan.default_target()}/model.plan"
+    argv.append(f"--saveEngine={engine_path}")
+    argv.append("--skipInference")
+    return TrtexecCommand(argv, notes)
