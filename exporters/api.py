@@ -47,7 +47,7 @@ class ExportOptions:
     opset: int = OPSET
 
 
-def export(source: str | None, out_dir: str | Path, options: ExportOptions | None = None,
+def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: ExportOptions | None = None,
            log: Callable[[str], None] = lambda _msg: None) -> Bundle:
     """Export ``source`` into the bundle folder ``out_dir`` and verify it against PyTorch."""
     opts = options or ExportOptions()
@@ -222,6 +222,8 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
             shutil.copytree(old_dir / sub, stage / sub)
     if old.get("engines"):
         manifest["engines"] = old["engines"]
+    if old.get("records"):
+        manifest["records"] = {k: v for k, v in old["records"].items() if k != "export_check"}
 
 
 def torch_module_names(loaded: LoadedModel) -> list[str]:
