@@ -1,0 +1,139 @@
+"""Export benchmarks (issue: export): which exporter, and what the exported graph buys on a CPU.
+
+1. TorchScript-based vs dynamo exporter on timm ViT-S/16 (random init) with the uint8 preprocessing
+   wrapper: export time, node count and op types (one LayerNormalization per LN? Gelu?), whether the
+   graph runs at another resolution, and ORT latency.
+2. ONNX Runtime (CPU, N threads, batch 1) latency of the exported ViT-S/16 at 224 vs PyTorch eager
+   doing the same preprocessing and forward, measured side by side (interleaved rounds).
+
+    python bench/bench_export.py --threads 2 --rounds 5 --iters 20 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from vitdeploy.exporters import ExportOptions, export
+from vitdeploy.exporters.graph import DeployGraph
+from vitdeploy.exporters.sources import load_source
+from vitdeploy.preprocess import random_images
+
+
+def ort_session(path: str, threads: int) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def time_calls(fn, iters: int) -> list[float]:
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def compare_exporters(model_name: str, threads: int, iters: int, work: Path) -> dict:
+    torch.manual_seed(0)
+    loaded = load_source(f"timm:{model_name}")
+    module = DeployGraph(loaded.model, loaded.preprocessing).eval()
+    example = torch.from_numpy(random_images(1, 224, 224))
+    results = {}
+    for name, dynamo in (("torchscript", False), ("dynamo", True)):
+        path = work / f"{name}.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            kwargs = {"dynamo": dynamo, "opset_version": 20 if dynamo else 17, "input_names": ["images"], "output_names": ["logits", "probs"]}
+            if dynamo:
+                kwargs["dynamic_shapes"] = {"images": {0: torch.export.Dim.DYNAMIC}}
+            else:
+                kwargs["dynamic_axes"] = {"images": {0: "batch"}}
+            torch.onnx.export(module, (example,), str(path), **kwargs)
+            seconds = time.perf_counter() - t0
+        model = onnx.load(str(path))
+        ops = Counter(n.op_type for n in model.graph.node)
+        sess = ort_session(str(path), threads)
+        image = random_images(1, 224, 224, seed=1)
+        for _ in range(5):
+            sess.run(None, {"images": image})
+        lat = time_calls(lambda: sess.run(None, {"images": image}), iters)
+        results[name] = {
+            "export_s": round(seconds, 2),
+            "nodes": len(model.graph.node),
+            "LayerNormalization": ops.get("LayerNormalization", 0),
+            "Gelu": ops.get("Gelu", 0),
+            "Erf": ops.get("Erf", 0),
+            "ort_p50_ms": round(statistics.median(lat), 3),
+        }
+    return results
+
+
+def ort_vs_torch(model_name: str, threads: int, rounds: int, iters: int, work: Path) -> dict:
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    bundle = export(f"timm:{model_name}", work / "bundle", ExportOptions(check_images=8))
+    export_s = time.perf_counter() - t0
+    sess = ort_session(str(bundle.artifact_path("fp32")), threads)
+    loaded = load_source(f"timm:{model_name}")
+    model = loaded.model.eval()
+    mean = torch.tensor(loaded.preprocessing["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(loaded.preprocessing["std"]).view(1, 3, 1, 1)
+    image = random_images(1, 224, 224, seed=2)
+
+    @torch.no_grad()
+    def eager():
+        x = torch.from_numpy(image).permute(0, 3, 1, 2).float() / 255.0
+        logits = model((x - mean) / std)
+        return torch.softmax(logits, -1)
+
+    for _ in range(5):
+        sess.run(None, {"images": image})
+        eager()
+    ort_ms, torch_ms = [], []
+    for _ in range(rounds):  # interleaved, so drift in machine load hits both alike
+        ort_ms += time_calls(lambda: sess.run(None, {"images": image}), iters)
+        torch_ms += time_calls(eager, iters)
+    p50_o, p50_t = statistics.median(ort_ms), statistics.median(torch_ms)
+    return {"export_s_with_check": round(export_s, 1), "ort_p50_ms": round(p50_o, 2), "torch_eager_p50_ms": round(p50_t, 2),
+            "speedup": round(p50_t / p50_o, 2), "samples_each": len(ort_ms)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="vit_small_patch16_224")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        result = {
+            "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "torch": torch.__version__,
+                        "onnxruntime": ort.__version__},
+            "exporters": compare_exporters(args.model, args.threads, args.iters, work),
+            "ort_vs_torch": ort_vs_torch(args.model, args.threads, args.rounds, args.iters, work),
+        }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The main job on the bundled digits ViT: export -> inspect -> convert/calibrate -> check -> profile
+# -> TensorRT engine (built where TensorRT runs; elsewhere a dry run and the trtexec line)
+# -> embed (predict, Python app, Triton repository). `make demo` runs this after installing.
+set -euo pipefail
+B=${1:-demo-bundle}
+step() { printf '\n\033[1m== %s ==\033[0m\n' "$*"; }
+
+step "1/8 export the bundled digits ViT: uint8 NHWC in, preprocessing, labels and spec bound in, checked against PyTorch"
+vitdeploy export builtin:digits -o "$B" --precision fp32,fp16
+
+step "2/8 inspect what the bundle carries (and what it costs)"
+vitdeploy inspect "$B"
+vitdeploy costs "$B" --resolutions 16,32,48,64
+
+step "3/8 calibrate INT8 (explicit Q/DQ) on the digits train split, scored on the held-out test split"
+vitdeploy calibrate "$B"
+
+step "4/8 check every graph against PyTorch: numbers, accuracy on the test split, protocol"
+vitdeploy check "$B"
+
+step "5/8 profile latency and throughput against the cost model (static graph: other sizes are re-exported)"
+vitdeploy profile "$B" --resolutions 24,32,48 --batch 1,8 --precision fp32,int8 --backend ort,torch --duration 1
+
+step "6/8 TensorRT engine"
+if python -c "import tensorrt" >/dev/null 2>&1; then
+  vitdeploy build-engine "$B" --precision best --batch 1:8:32
+else
+  echo "TensorRT is not installed here: engines are built on the target GPU. Dry run and trtexec lines:"
+  vitdeploy build-engine "$B" --precision int8 --dry-run --print-trtexec --trt-version 10.3
+  vitdeploy build-engine "$B" --precision int8 --dry-run --print-trtexec --trt-version 11.4
+  vitdeploy build-engine "$B" --precision fp16 --dla-report
+fi
+
+step "7/8 embed: classify image files (PNG digits from the test split), from the CLI and a Python app"
+mkdir -p "$B/demo-images"
+python - "$B/demo-images" <<'PY'
+import sys
+from pathlib import Path
+from PIL import Image
+from vitdeploy.builtin import get_builtin
+images, labels = get_builtin("digits").load_split("test")
+for i in range(4):
+    Image.fromarray(images[i]).save(Path(sys.argv[1]) / f"digit{i}_label{labels[i]}.png")
+PY
+vitdeploy predict "$B" "$B"/demo-images/*.png --top-k 2
+python examples/python/classify.py "$B" "$B"/demo-images/*.png --top-k 1
+
+step "8/8 a Triton model repository for the bundle"
+vitdeploy triton-repo "$B" "$B/triton" --backend onnxruntime --dynamic-batching --kind cpu
+find "$B/triton" -maxdepth 3 | sort
+echo
+echo "done: $B holds the graphs, reports/check.json, reports/profile.{csv,json,png}"
