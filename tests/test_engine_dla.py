@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -96,3 +97,27 @@ def test_cli_dla_report(bundles):
     report = json.loads((bundles["p8"].root / "reports" / "dla-fp16.json").read_text())
     assert report["input_shape"] == [1, 32, 32, 3] and 0 < report["gpu_share"] < 1
     assert report["profiles"][0]["batch"] == [1, 1, 1]
+
+
+def test_integer_shape_arithmetic_is_resolved(tmp_path):
+    """Exporters compute sizes with integer Div (e.g. H // patch), which ONNX's data propagation leaves
+    unknown; the report then falls back to ONNX Runtime's symbolic shape inference."""
+    pytest.importorskip("sympy")
+    from onnx import numpy_helper
+
+    consts = {"one": [1], "two": [2], "s1": [1], "s2": [2]}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()]
+    inits.append(numpy_helper.from_array(np.ones((2, 4), np.float16), "w"))
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"], name="shape"),
+        helper.make_node("Slice", ["shp", "s1", "s2"], ["width"], name="width"),
+        helper.make_node("Div", ["width", "two"], ["half"], name="half"),
+        helper.make_node("Concat", ["one", "half", "two"], ["newshape"], axis=0, name="newshape"),
+        helper.make_node("Reshape", ["x", "newshape"], ["r"], name="reshape"),
+        helper.make_node("MatMul", ["r", "w"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "div.onnx")
+    report = dla.analyse(tmp_path / "div.onnx", (1, 64), "fp16")
+    assert _by_name(report)["mm"].macs == 1 * 32 * 4 * 2 and report.to_dict()["macs_unknown_nodes"] == []

@@ -131,7 +131,10 @@ class DlaReport:
         for row in d["fallback"][:8]:
             lines.append(f"  - {row['rule']}: {row['nodes']} nodes, {100 * row['macs_share']:.1f}% of MACs ({', '.join(row['ops'])}); e.g. {row['example']}")
         if d["macs_unknown_nodes"]:
-            lines.append(f"  ({len(d['macs_unknown_nodes'])} matmul/conv nodes had unresolved shapes; their MACs are not counted)")
+            lines.append(
+                f"  ({len(d['macs_unknown_nodes'])} matmul/conv nodes had unresolved shapes and are not counted; "
+                "ONNX Runtime's symbolic shape inference, which needs sympy, resolves more)"
+            )
         lines.append(f"  rules: {self.rules_source}; TensorRT decides on the device (engine.json records its verdict)")
         return lines
 
