@@ -9,11 +9,13 @@ DEMO_DIR ?= demo-bundle
 
 .PHONY: setup demo test clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt scripts/install_trt_bindings.sh
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# constraints.txt pins torch/torchvision to the builds on this machine's disk (tests and CI only)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	# the real TensorRT Python bindings of four versions, one folder each, for the API tests
+	PYTHON=$(BIN)/python bash scripts/install_trt_bindings.sh $(VENV)/trt-bindings
 	touch $(STAMP)
 
 setup: $(STAMP)
