@@ -24,6 +24,8 @@ demo: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH bash scripts/demo.sh $(DEMO_DIR)
 
 test: $(STAMP)
+	# Debian packages for the C++ example's library tests (root or sudo; skipped tests say why otherwise)
+	bash scripts/install_system_deps.sh || echo "warning: C++ build dependencies missing; the C++ tests will skip"
 	$(BIN)/python -m pytest -q
 
 clean:
