@@ -1,0 +1,74 @@
+"""`vitdeploy profile`: latency and throughput across resolution x batch x precision x backend,
+each cell beside the analytic cost (chapter §39.5) and the machine's measured GEMM peak.
+
+    measure.py     one runner, one batch: start-up, latency distribution, throughput, memory, CV
+    gemm_probe.py  this machine's dense-GEMM ceiling, measured in the same run
+    sweep.py       the matrix of cells over the runner interface, with the cost model per cell
+    tegrastats.py  Jetson telemetry: tegrastats parser and sampler, nvpmodel / jetson_clocks state
+    report.py      terminal table + progress bar, reports/profile.csv / .json / .png
+
+Only numpy (and the runners' own runtimes, imported when a cell needs them) at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..bundle import Bundle
+from .measure import LatencyStats, Measurement, measure, summarize
+from .sweep import BACKENDS, PRECISIONS, Cell, SweepConfig, SweepResult, plan_cells, run_sweep
+from .tegrastats import TegraSample, parse_tegrastats_line
+
+__all__ = [
+    "BACKENDS", "PRECISIONS", "Cell", "LatencyStats", "Measurement", "ProfileOutcome", "SweepConfig", "SweepResult",
+    "TegraSample", "measure", "parse_tegrastats_line", "plan_cells", "profile_bundle", "run_sweep", "summarize",
+]
+
+
+@dataclass
+class ProfileOutcome:
+    result: SweepResult
+    paths: dict[str, Path]  # csv, json and (when plotted) png
+
+
+def profile_bundle(
+    path: str | Path,
+    config: SweepConfig,
+    out_dir: str | Path | None = None,
+    plot: bool = True,
+    progress_console: Any | None = None,
+) -> ProfileOutcome:
+    """Profile a bundle (or a vitdeploy .onnx), write the reports and record them in the manifest.
+
+    Reports go to ``out_dir`` or the bundle's ``reports/`` folder; the manifest gets a ``profile``
+    record only when they go into the bundle itself.
+    """
+    from .report import SweepProgress, write_reports
+
+    bundle = Bundle.open(path)
+    progress = SweepProgress(progress_console) if progress_console is not None else None
+    with progress if progress is not None else contextlib.nullcontext():
+        result = run_sweep(
+            bundle,
+            config,
+            on_start=progress.on_start if progress else None,
+            on_done=progress.on_done if progress else None,
+        )
+    target = Path(out_dir) if out_dir is not None else bundle.reports_dir()
+    paths = write_reports(result, target, plot=plot)
+    if out_dir is None and bundle.bare_onnx is None:
+        statuses = [r["status"] for r in result.rows]
+        bundle.set_record("profile", {
+            "created": result.started,
+            "files": {k: str(p.relative_to(bundle.root)) for k, p in paths.items()},
+            "cells": len(statuses),
+            "ok": statuses.count("ok"),
+            "skipped": statuses.count("skipped"),
+            "failed": statuses.count("failed"),
+            "machine": result.machine.get("gpu") or result.machine.get("cpu"),
+            "threads": result.machine.get("threads"),
+        })
+    return ProfileOutcome(result, paths)

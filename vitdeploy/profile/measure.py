@@ -1,0 +1,324 @@
+"""Measure one runner on one input batch: start-up, latency distribution, throughput, memory.
+
+The loop is deliberately thin (one ``runner.infer`` and one list append per iteration) so the
+profiler measures the runtime, not itself; ``bench/bench_profiler_overhead.py`` checks that its p50
+stays within 3% of a bare ``session.run`` loop.
+
+Definitions (they are the report's, see ``report.COLUMNS``):
+
+* start-up: from the start of the runner's construction (session or engine load) to the first
+  result, i.e. what a service pays before its first answer.
+* latency: the host wall time of one ``infer`` call (``Runner.last_latency_s``); runners that time
+  the device separately (TensorRT: CUDA events around ``execute_async_v3``) expose
+  ``last_device_time_s`` and get a second distribution.
+* throughput: images per second over the timed loop, ``batch * iterations / sum(latencies)``.
+* coefficient of variation (CV): std / mean of the timed latencies; above ``cv_threshold`` the cell
+  is flagged unstable (noisy neighbours, frequency scaling, thermal throttling, too few iterations).
+* peak RSS: the process's resident-set high-water mark (VmHWM). On Linux it is reset before each
+  cell through ``/proc/self/clear_refs`` so the number belongs to that cell; where it cannot be
+  reset, it is the process peak so far and ``rss_scope`` says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import UserError
+from ..runtime.base import Runner
+
+DEFAULT_WARMUP = 10
+DEFAULT_DURATION_S = 3.0  # when neither an iteration count nor a duration is given (trtexec's default)
+MIN_ITERATIONS = 10  # a duration-bound cell still times at least this many calls
+DEFAULT_CV_THRESHOLD = 0.10
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Summary of one set of timings, in seconds."""
+
+    n: int
+    mean_s: float
+    std_s: float  # sample standard deviation (ddof=1)
+    min_s: float
+    max_s: float
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    total_s: float
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation, std / mean (0 for a single sample)."""
+        return self.std_s / self.mean_s if self.mean_s > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["cv"] = self.cv
+        return data
+
+
+def summarize(samples_s: Sequence[float]) -> LatencyStats:
+    """Percentiles (linear interpolation, numpy's default), mean, sample std, min, max."""
+    values = np.asarray(samples_s, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("no timings to summarise")
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise ValueError("timings must be finite and non-negative")
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return LatencyStats(
+        n=int(values.size),
+        mean_s=float(values.mean()),
+        std_s=float(values.std(ddof=1)) if values.size > 1 else 0.0,
+        min_s=float(values.min()),
+        max_s=float(values.max()),
+        p50_s=float(p50),
+        p90_s=float(p90),
+        p99_s=float(p99),
+        total_s=float(values.sum()),
+    )
+
+
+def is_unstable(stats: LatencyStats, cv_threshold: float = DEFAULT_CV_THRESHOLD) -> bool:
+    return bool(stats.n > 1 and stats.cv > cv_threshold)
+
+
+# -- memory ------------------------------------------------------------------------------------
+def _status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def current_rss_mb() -> float | None:
+    kb = _status_kb("VmRSS")
+    return kb / 1024 if kb is not None else None
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs). False if not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float:
+    """Resident-set high-water mark: VmHWM where /proc exists, else getrusage's ru_maxrss."""
+    kb = _status_kb("VmHWM")
+    if kb is not None:
+        return kb / 1024
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
+
+
+class GpuMemoryProbe:
+    """Device memory in use, where a GPU is visible: NVML if installed, else torch if already loaded.
+
+    Reports ``used now - used before the cell`` (the cell's sessions, engines and buffers) and, for a
+    torch runner, torch's own allocator peak. Never imports torch itself: on a CPU-only run the
+    profiler must not pay torch's import and memory.
+    """
+
+    def __init__(self) -> None:
+        self._nvml = None
+        self._handle = None
+        try:
+            import pynvml  # nvidia-ml-py, optional
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._nvml = pynvml
+        except Exception:  # not installed, no driver, no device: all mean "no NVML reading"
+            self._nvml = None
+
+    @staticmethod
+    def _torch_cuda() -> Any | None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        try:
+            return torch.cuda if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        except Exception:
+            return None
+
+    def used_mb(self) -> float | None:
+        if self._nvml is not None:
+            try:
+                return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20
+            except Exception:
+                return None
+        cuda = self._torch_cuda()
+        if cuda is not None:
+            free, total = cuda.mem_get_info()
+            return (total - free) / 2**20
+        return None
+
+    def reset_torch_peak(self) -> None:
+        cuda = self._torch_cuda()
+        if cuda is not None:
+            cuda.reset_peak_memory_stats()
+
+    def torch_peak_mb(self) -> float | None:
+        cuda = self._torch_cuda()
+        return cuda.max_memory_allocated() / 2**20 if cuda is not None else None
+
+
+# -- the measurement ---------------------------------------------------------------------------
+@dataclass
+class Measurement:
+    startup_s: float  # runner construction + first inference
+    load_s: float  # runner construction alone
+    first_infer_s: float
+    warmup: int
+    latency: LatencyStats
+    device_latency: LatencyStats | None  # CUDA-event time, when the runner provides it
+    batch: int
+    throughput_ips: float
+    cv_threshold: float
+    unstable: bool
+    peak_rss_mb: float
+    rss_before_mb: float | None
+    rss_scope: str  # "cell" (peak reset before the cell) or "process" (peak since process start)
+    gpu_mem_mb: float | None
+    torch_gpu_peak_mb: float | None
+    runner: dict[str, Any] = field(default_factory=dict)  # RunnerInfo of the measured runner
+    samples_s: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self, with_samples: bool = False) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "samples_s"}
+        data["latency"] = self.latency.to_dict()
+        data["device_latency"] = self.device_latency.to_dict() if self.device_latency else None
+        if with_samples:
+            data["samples_s"] = list(self.samples_s)
+        return data
+
+
+def check_budget(warmup: int, iterations: int | None, duration_s: float | None) -> tuple[int | None, float | None]:
+    """Refuse an impossible timing budget; default to DEFAULT_DURATION_S when none is given."""
+    if iterations is not None and duration_s is not None:
+        raise UserError("give either an iteration count (--iterations) or a duration (--duration), not both")
+    if warmup < 0:
+        raise UserError(f"warm-up must be >= 0 iterations, got {warmup}")
+    if iterations is not None and iterations < 1:
+        raise UserError(f"iterations must be >= 1, got {iterations}")
+    if duration_s is not None and not duration_s > 0:
+        raise UserError(f"duration must be > 0 seconds, got {duration_s}")
+    if iterations is None and duration_s is None:
+        duration_s = DEFAULT_DURATION_S
+    return iterations, duration_s
+
+
+def measure(
+    make_runner: Callable[[], Runner],
+    batch: np.ndarray | Callable[[Runner], np.ndarray],
+    warmup: int = DEFAULT_WARMUP,
+    iterations: int | None = None,
+    duration_s: float | None = None,
+    cv_threshold: float = DEFAULT_CV_THRESHOLD,
+    min_iterations: int = MIN_ITERATIONS,
+    gpu: GpuMemoryProbe | None = None,
+    on_runner: Callable[[Runner], None] | None = None,
+) -> Measurement:
+    """Load a runner, time its first result, warm it up, then time ``iterations`` calls or as many
+    as fit in ``duration_s`` (at least ``min_iterations``). The runner is closed before returning.
+
+    ``batch`` is the input, or a function of the loaded runner that builds it (its input type is
+    only known once the graph is loaded); ``on_runner`` is called with the loaded runner before the
+    first inference (e.g. to refuse a shape the graph cannot take).
+    """
+    iterations, duration_s = check_budget(warmup, iterations, duration_s)
+    scope = "cell" if reset_peak_rss() else "process"
+    rss_before = current_rss_mb()
+    gpu_before = gpu.used_mb() if gpu else None
+    if gpu:
+        gpu.reset_torch_peak()
+
+    t0 = time.perf_counter()
+    runner = make_runner()
+    t_loaded = time.perf_counter()
+    try:
+        if on_runner is not None:
+            on_runner(runner)
+        t_input = time.perf_counter()
+        if callable(batch):
+            batch = batch(runner)
+        t_input = time.perf_counter() - t_input  # making synthetic input is not part of start-up
+        runner.infer(batch)
+        t_first = time.perf_counter() - t_input
+        for _ in range(warmup):
+            runner.infer(batch)
+
+        samples: list[float] = []
+        device: list[float] = []
+        has_device = hasattr(runner, "last_device_time_s")
+        infer = runner.infer  # bound once: the loop body stays one call and one append
+        if iterations is not None:
+            for _ in range(iterations):
+                infer(batch)
+                samples.append(runner.last_latency_s)
+                if has_device:
+                    device.append(runner.last_device_time_s)  # type: ignore[attr-defined]
+        else:
+            assert duration_s is not None
+            deadline = time.perf_counter() + duration_s
+            while len(samples) < min_iterations or time.perf_counter() < deadline:
+                infer(batch)
+                samples.append(runner.last_latency_s)
+                if has_device:
+                    device.append(runner.last_device_time_s)  # type: ignore[attr-defined]
+        gpu_after = gpu.used_mb() if gpu else None
+        torch_peak = gpu.torch_peak_mb() if gpu else None
+        info = runner.info
+        runner_info = {"backend": info.backend, "precision": info.precision, "device": info.device, **info.details}
+    finally:
+        runner.close()
+
+    stats = summarize(samples)
+    n_images = int(batch.shape[0])  # type: ignore[union-attr]
+    return Measurement(
+        startup_s=t_first - t0,
+        load_s=t_loaded - t0,
+        first_infer_s=t_first - t_loaded,
+        warmup=warmup,
+        latency=stats,
+        device_latency=summarize(device) if device and all(math.isfinite(d) for d in device) else None,
+        batch=n_images,
+        throughput_ips=n_images * stats.n / stats.total_s if stats.total_s > 0 else float("nan"),
+        cv_threshold=cv_threshold,
+        unstable=is_unstable(stats, cv_threshold),
+        peak_rss_mb=peak_rss_mb(),
+        rss_before_mb=rss_before,
+        rss_scope=scope,
+        gpu_mem_mb=(gpu_after - gpu_before) if gpu_after is not None and gpu_before is not None else None,
+        torch_gpu_peak_mb=torch_peak,
+        runner=runner_info,
+        samples_s=samples,
+    )
+
+
+def cpu_affinity() -> list[int]:
+    """CPUs this process may run on (what a thread count is pinned against)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def default_threads() -> int:
+    return len(cpu_affinity())

@@ -1,0 +1,516 @@
+"""The profile matrix: backend x precision x resolution x batch, each cell measured through the
+runner interface and set beside what the cost model says it should cost.
+
+A cell is one (backend, precision, height, width, batch). Each gets its own runner load (so start-up
+and peak memory belong to it), a synthetic input batch of the graph's own input type, and:
+
+* from the cost model (vitdeploy.costs, chapter §39.5): multiply-adds, attention share, L and the
+  attention/MLP crossover L = (2 + rho) d;
+* from the clock: the latency distribution, throughput, start-up, memory (vitdeploy.profile.measure);
+* achieved GFLOP/s = 2 x MACs / p50 latency, and its share of the machine's GEMM peak measured in the
+  same run (vitdeploy.profile.gemm_probe);
+* on a Jetson, tegrastats samples taken while the cell ran.
+
+Cells that cannot exist (PyTorch has no int8 path; fp16 eager on a CPU) are kept in the matrix as
+``skipped`` with the reason, so the table says why a row is empty. A cell that fails at run time is
+``failed`` with the error and the sweep goes on; bad requests (unknown backend, a size the patches
+don't tile, a precision the bundle lacks) are refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..costs import CostReport, vit_costs
+from ..errors import DeviceError, MissingDependencyError, UserError, VitDeployError
+from ..lazy import available, require
+from ..runtime.base import Runner, TensorInfo
+from . import gemm_probe, tegrastats
+from .measure import (
+    DEFAULT_CV_THRESHOLD,
+    DEFAULT_WARMUP,
+    GpuMemoryProbe,
+    Measurement,
+    check_budget,
+    cpu_affinity,
+    default_threads,
+    measure,
+)
+
+BACKENDS = ("ort", "torch", "tensorrt")
+PRECISIONS = ("fp32", "fp16", "int8")
+DEVICES = ("auto", "cpu", "cuda")
+GRAPH_BACKENDS = ("ort", "tensorrt")  # backends that run the bundle's ONNX graphs (need the artifact)
+
+
+@dataclass
+class SweepConfig:
+    resolutions: list[tuple[int, int]] | None = None  # None: the bundle's native resolution
+    batches: list[int] = field(default_factory=lambda: [1])
+    precisions: list[str] | None = None  # None: every precision the bundle holds
+    backends: list[str] = field(default_factory=lambda: ["ort"])
+    iterations: int | None = None  # fixed count, or
+    duration_s: float | None = None  # time budget per cell (default 3 s when neither is given)
+    warmup: int = DEFAULT_WARMUP
+    threads: int | None = None  # intra-op threads for CPU backends; default: every CPU in the affinity mask
+    pin: bool = False  # also restrict the process to the first `threads` CPUs of its affinity mask
+    device: str = "auto"  # torch backend: cpu / cuda; ort: CPU or CUDA execution provider
+    cv_threshold: float = DEFAULT_CV_THRESHOLD
+    ort_optimization: str = "all"  # ORT graph optimisation level (see vitdeploy.runtime.ort)
+    tegrastats_interval_ms: int = 100
+    probe_budget_s: float = gemm_probe.BUDGET_S
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["resolutions"] = [list(r) for r in self.resolutions] if self.resolutions else None
+        return data
+
+
+@dataclass(frozen=True)
+class Cell:
+    backend: str
+    precision: str
+    height: int
+    width: int
+    batch: int
+    skip_reason: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend} {self.precision} {self.height}x{self.width} b{self.batch}"
+
+
+@dataclass
+class SweepResult:
+    bundle: dict[str, Any]
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    peaks: list[gemm_probe.PeakProbe]
+    cost_model: dict[str, Any]
+    rows: list[dict[str, Any]]
+    started: str
+    wall_s: float
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] == "failed"]
+
+
+class _SkipCell(Exception):
+    """Raised from inside a cell when the loaded graph cannot take the requested shape."""
+
+
+# -- planning and validation -------------------------------------------------------------------
+def _choose(values: list[str], allowed: tuple[str, ...], what: str) -> list[str]:
+    out = []
+    for v in values:
+        v = v.strip().lower()
+        if v not in allowed:
+            raise UserError(f"unknown {what} {v!r}; choose from {', '.join(allowed)}")
+        if v not in out:
+            out.append(v)
+    if not out:
+        raise UserError(f"no {what} given; choose from {', '.join(allowed)}")
+    return out
+
+
+def _cuda_visible() -> bool:
+    """Is there an NVIDIA GPU? Asked without importing torch: a loaded torch is asked, otherwise the
+    driver's device node (discrete GPUs: /dev/nvidia0; Jetson: /dev/nvhost-ctrl-gpu) is looked for.
+    onnxruntime-gpu is no evidence: it lists CUDA even on a machine without one."""
+    if "torch" in sys.modules:
+        return bool(sys.modules["torch"].cuda.is_available())
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvhost-ctrl-gpu").exists()
+
+
+def _torch_device(config: SweepConfig) -> str:
+    if config.device == "cpu":
+        return "cpu"
+    torch = require("torch", "the torch backend")
+    if torch.cuda.is_available():
+        return "cuda"
+    if config.device == "cuda":
+        raise DeviceError("--device cuda was asked for but torch sees no GPU; use --device cpu")
+    return "cpu"
+
+
+def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
+    """Validate the request against the bundle and list the cells in run order."""
+    spec = bundle.spec
+    backends = _choose(config.backends, BACKENDS, "backend")
+    if config.device not in DEVICES:
+        raise UserError(f"unknown device {config.device!r}; choose from {', '.join(DEVICES)}")
+    present = bundle.precisions()
+    precisions = _choose(config.precisions, PRECISIONS, "precision") if config.precisions else list(present)
+    resolutions = config.resolutions or [tuple(spec.image_size)]
+    for h, w in resolutions:
+        spec.grid(h, w)  # one clear line naming the nearest valid sizes
+    batches = sorted(dict.fromkeys(config.batches))
+    if not batches or any(b < 1 for b in batches):
+        raise UserError(f"batch sizes must be positive integers, got {config.batches}")
+    if config.threads is not None and config.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {config.threads}")
+    if config.pin and (config.threads or 0) > len(cpu_affinity()):
+        raise UserError(f"--pin with --threads {config.threads}: this process may use only {len(cpu_affinity())} CPUs")
+    if config.pin and not hasattr(os, "sched_setaffinity"):
+        raise UserError("--pin needs CPU affinity control (Linux); run without --pin")
+    check_budget(config.warmup, config.iterations, config.duration_s)
+    if not config.cv_threshold > 0:
+        raise UserError(f"the CV threshold must be > 0, got {config.cv_threshold}")
+
+    if any(b in GRAPH_BACKENDS for b in backends):
+        for p in precisions:
+            if p not in present:
+                bundle.artifact_path(p)  # raises the UserError that says how to make that graph
+    if "tensorrt" in backends and not _cuda_visible():
+        raise DeviceError("the tensorrt backend needs an NVIDIA GPU with TensorRT; this machine has none (use --backend ort,torch)")
+    if "ort" in backends and config.device == "cuda":
+        ort = require("onnxruntime", "the ort backend")
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise DeviceError("--device cuda needs onnxruntime-gpu (CUDAExecutionProvider); this onnxruntime has only CPU")
+    mode = bundle.resolution.get("mode", "static")
+    native = (int(bundle.resolution.get("height", spec.image_size[0])), int(bundle.resolution.get("width", spec.image_size[1])))
+    if mode != "dynamic" and any(r != native for r in resolutions) and any(b in GRAPH_BACKENDS for b in backends):
+        # Static graph at another size: re-exported (position table interpolated) by the exporters.
+        if not available("vitdeploy.exporters.variants"):
+            raise MissingDependencyError(
+                f"the bundle's graph is static ({native[0]}x{native[1]}); profiling other sizes re-exports it, which needs "
+                "vitdeploy's exporters: pip install 'vitdeploy[export]' (or export with --dynamic-resolution)"
+            )
+    torch_device = None
+    if "torch" in backends:
+        if not available("vitdeploy.exporters.torch_runner"):
+            raise MissingDependencyError("the torch backend rebuilds the source model with vitdeploy's exporters: pip install 'vitdeploy[export]'")
+        torch_device = _torch_device(config)
+
+    cells = []
+    for backend in backends:
+        for precision in precisions:
+            reason = None
+            if backend == "torch" and precision == "int8":
+                reason = "PyTorch eager has no int8 path; the int8 graph is measured on ort/tensorrt"
+            elif backend == "torch" and precision == "fp16" and torch_device == "cpu":
+                reason = "PyTorch fp16 eager is a GPU baseline; no GPU here"
+            for h, w in resolutions:
+                for b in batches:
+                    cells.append(Cell(backend, precision, int(h), int(w), int(b), reason))
+    return cells
+
+
+# -- runners -----------------------------------------------------------------------------------
+def graph_path(bundle: Bundle, precision: str, height: int, width: int) -> Path:
+    """The ONNX graph that runs a cell: the bundle's own for a dynamic graph or the native size of a
+    static one; otherwise a re-export at that size, cached in the bundle by the exporters."""
+    res = bundle.resolution
+    native = (int(res.get("height", bundle.spec.image_size[0])), int(res.get("width", bundle.spec.image_size[1])))
+    if res.get("mode") == "dynamic" or (height, width) == native:
+        return bundle.artifact_path(precision)
+    from vitdeploy.exporters.variants import graph_for  # needs torch; checked in plan_cells
+
+    return Path(graph_for(bundle, precision, height, width))
+
+
+def _ort_providers(device: str) -> list[str] | None:
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device == "cuda":
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return None  # OrtRunner's default: CUDA when present, then CPU
+
+
+def runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int) -> tuple[Callable[[], Runner], str]:
+    """A zero-argument constructor for the cell's runner (timed as start-up) and what it runs."""
+    if cell.backend == "ort":
+        from ..runtime.ort import OrtRunner
+
+        path = graph_path(bundle, cell.precision, cell.height, cell.width)
+        providers = _ort_providers(config.device)
+
+        def make() -> Runner:
+            return OrtRunner(path, precision=cell.precision, providers=providers, threads=threads, optimization=config.ort_optimization)
+
+        return make, _relative(bundle, path)
+    if cell.backend == "torch":
+        from vitdeploy.exporters.torch_runner import TorchRunner
+
+        device = _torch_device(config)
+        # Runners are built for the native grid and re-gridded by the exporters for other sizes.
+        resolution = (cell.height, cell.width)
+
+        def make() -> Runner:
+            return TorchRunner.from_bundle(bundle, device=device, dtype=cell.precision, resolution=resolution, threads=threads)
+
+        return make, f"{bundle.manifest.get('source', {}).get('kind', 'source')}:{bundle.manifest.get('source', {}).get('name', '?')} (eager)"
+    if cell.backend == "tensorrt":
+        entry = tensorrt_engine_for(bundle, cell)
+
+        def make() -> Runner:
+            from ..runtime.tensorrt import TensorRTRunner  # GPU only; imported when a cell needs it
+
+            return TensorRTRunner(entry.dir)
+
+        return make, _relative(bundle, entry.dir)
+    raise UserError(f"unknown backend {cell.backend!r}")
+
+
+def tensorrt_engine_for(bundle: Bundle, cell: Cell) -> Any:
+    """The bundle's engine of the cell's precision whose optimisation profile holds its
+    (batch, height, width); a cell no engine covers is skipped with what to build."""
+    from ..runtime.classifier import find_engines
+
+    engines = [e for e in find_engines(bundle) if e.precision == cell.precision]
+    for entry in engines:
+        for batch, heights, widths in entry.profiles:
+            if batch[0] <= cell.batch <= batch[2] and heights[0] <= cell.height <= heights[2] and widths[0] <= cell.width <= widths[2]:
+                return entry
+    have = "; ".join(f"{e.target}: {e.profiles}" for e in engines) or "none"
+    raise _SkipCell(f"no {cell.precision} engine has a profile holding batch {cell.batch} at {cell.height}x{cell.width} "
+                    f"(engines: {have}); build one with `vitdeploy build-engine {bundle.root}`")
+
+
+def _relative(bundle: Bundle, path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(bundle.root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def synthetic_batch(info: TensorInfo, preprocessing: dict[str, Any], batch: int, height: int, width: int, seed: int) -> np.ndarray:
+    """Random input of the graph's own type: uint8 NHWC pixels (vitdeploy's contract) or, for graphs
+    exported without baked preprocessing, float32 NCHW already normalised."""
+    rng = np.random.default_rng(seed)
+    if preprocessing.get("input") == "float-nchw" or info.dtype in ("float32", "float16"):
+        dtype = np.float16 if info.dtype == "float16" else np.float32
+        return rng.standard_normal((batch, 3, height, width)).astype(dtype)
+    return rng.integers(0, 256, size=(batch, height, width, 3), dtype=np.uint8)
+
+
+def _check_shape(runner: Runner, cell: Cell) -> None:
+    shape = runner.inputs()[0].shape
+    if shape and isinstance(shape[0], int) and shape[0] != cell.batch:
+        raise _SkipCell(f"the graph has a fixed batch of {shape[0]}; export with a dynamic batch to profile batch {cell.batch}")
+
+
+# -- the sweep ---------------------------------------------------------------------------------
+def machine_info(threads: int, backends: list[str], cells: list[Cell]) -> dict[str, Any]:
+    cpu_model = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware")):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu_model or platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": cpu_affinity(),
+        "threads": threads,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        # Other processes share the cores: the 1/5/15-minute load when the report was written
+        # explains unstable cells better than any statistic.
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    if "ort" in backends and available("onnxruntime"):
+        import onnxruntime as ort
+
+        info["onnxruntime"] = ort.__version__
+        info["onnxruntime_providers"] = ort.get_available_providers()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    info["jetson"] = tegrastats.jetson_power_state()
+    return info
+
+
+def _row(cell: Cell, cost: CostReport, graph: str | None, status: str, note: str = "", m: Measurement | None = None,
+         peak: gemm_probe.PeakProbe | None = None, tegra: dict[str, Any] | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "backend": cell.backend,
+        "precision": cell.precision,
+        "device": m.runner.get("device") if m else None,
+        "height": cell.height,
+        "width": cell.width,
+        "batch": cell.batch,
+        "status": status,
+        "note": note,
+        "graph": graph,
+        "seq_len": cost.seq_len,
+        "macs": cost.macs_total,
+        "flops": cost.flops_total,
+        "attention_share": cost.attention_share,
+        "crossover_seq_len": cost.crossover_seq_len,
+    }
+    if m is not None:
+        lat = m.latency
+        gflops = cost.flops_total / lat.p50_s / 1e9 if lat.p50_s > 0 else None
+        row.update({
+            "threads": m.runner.get("threads"),
+            "warmup": m.warmup,
+            "iterations": lat.n,
+            "p50_ms": lat.p50_s * 1e3,
+            "p90_ms": lat.p90_s * 1e3,
+            "p99_ms": lat.p99_s * 1e3,
+            "mean_ms": lat.mean_s * 1e3,
+            "std_ms": lat.std_s * 1e3,
+            "min_ms": lat.min_s * 1e3,
+            "max_ms": lat.max_s * 1e3,
+            "cv": lat.cv,
+            "unstable": m.unstable,
+            "device_p50_ms": m.device_latency.p50_s * 1e3 if m.device_latency else None,
+            "throughput_ips": m.throughput_ips,
+            "startup_s": m.startup_s,
+            "load_s": m.load_s,
+            "peak_rss_mb": m.peak_rss_mb,
+            "rss_added_mb": m.peak_rss_mb - m.rss_before_mb if m.rss_before_mb is not None else None,
+            "rss_scope": m.rss_scope,
+            "gpu_mem_mb": m.gpu_mem_mb,
+            "achieved_gflops": gflops,
+            "peak_gflops": peak.gflops if peak else None,
+            "peak_share": gflops / peak.gflops if (peak and gflops) else None,
+        })
+    if tegra:
+        row.update({
+            "jetson_power_mw": tegra.get("input_power_mw_mean"),
+            "jetson_gpu_load_pct": tegra.get("gpu_load_pct_mean"),
+            "jetson_ram_used_mb": tegra.get("ram_used_mb_max"),
+        })
+        row["tegrastats"] = tegra
+    return row
+
+
+def run_sweep(
+    bundle: Bundle,
+    config: SweepConfig,
+    on_start: Callable[[Cell, int, int], None] | None = None,
+    on_done: Callable[[Cell, dict[str, Any]], None] | None = None,
+) -> SweepResult:
+    """Plan, probe the machine's GEMM peak, then measure every cell in order."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    t_start = time.perf_counter()
+    cells = plan_cells(bundle, config)
+    threads = config.threads or default_threads()
+    backends = sorted({c.backend for c in cells})
+    spec = bundle.spec
+    pre = bundle.preprocessing if "preprocessing" in bundle.manifest else {}
+    # An in-graph resize runs the model at a fixed size whatever the input: the cost is at that size.
+    model_size = tuple(pre["in_graph_resize"]["to"]) if pre.get("in_graph_resize") else None
+
+    if "torch" in backends and any(c.skip_reason is None and c.backend == "torch" for c in cells):
+        require("torch", "the torch backend")  # loaded before the probe so the probe can use it
+    # Cells may run on a GPU (tensorrt always; ort and torch unless --device cpu): then the GPU's
+    # GEMM peak is probed with torch where torch is installed, and device memory is tracked.
+    cuda = config.device != "cpu" and _cuda_visible()
+    if cuda and "torch" not in sys.modules and available("torch"):
+        require("torch")
+    gpu = GpuMemoryProbe() if cuda else None
+    tegra_exe = tegrastats.find_tegrastats()
+
+    rows: list[dict[str, Any]] = []
+    with _pinned(threads if config.pin else None):
+        # Probed under the same pinning as the cells, so the peak is that of the cores they run on.
+        peaks = gemm_probe.measure_peaks(threads, set(backends), cuda, budget_s=config.probe_budget_s)
+        pinned_to = cpu_affinity()
+        for i, cell in enumerate(cells):
+            if on_start:
+                on_start(cell, i, len(cells))
+            ch, cw = model_size or (cell.height, cell.width)
+            cost = vit_costs(spec, ch, cw, cell.batch)
+            if cell.skip_reason:
+                row = _row(cell, cost, None, "skipped", cell.skip_reason)
+            else:
+                row = _run_cell(bundle, cell, config, threads, cost, peaks, gpu, tegra_exe, pre)
+            rows.append(row)
+            if on_done:
+                on_done(cell, row)
+
+    first_cost = vit_costs(spec, *(model_size or (cells[0].height, cells[0].width)), 1)
+    return SweepResult(
+        bundle={
+            "path": str(bundle.bare_onnx or bundle.root),
+            "name": bundle.name,
+            "source": bundle.manifest.get("source"),
+            "spec": spec.to_dict(),
+            "resolution": bundle.resolution,
+            "precisions": bundle.precisions(),
+        },
+        config=config.to_dict(),
+        machine={**machine_info(threads, backends, cells), "pinned_cpus": pinned_to if config.pin else None},
+        peaks=peaks,
+        cost_model={
+            "convention": "1 MAC = one multiply-add; FLOPs = 2 x MACs; biases, norms, softmax and GELU not counted (chapter §39.5)",
+            "crossover_seq_len": first_cost.crossover_seq_len,
+            "params": first_cost.params,
+            "embed_dim": spec.embed_dim,
+            "mlp_ratio": spec.mlp_ratio,
+            "depth": spec.depth,
+        },
+        rows=rows,
+        started=started,
+        wall_s=time.perf_counter() - t_start,
+    )
+
+
+@contextlib.contextmanager
+def _pinned(count: int | None) -> Iterator[None]:
+    """Restrict this process (and the runtime threads it starts) to its first ``count`` CPUs, then
+    restore the mask: fewer migrations and no hyper-thread siblings borrowed mid-run."""
+    if not count:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(before)[:count])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _run_cell(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int, cost: CostReport,
+              peaks: list[gemm_probe.PeakProbe], gpu: GpuMemoryProbe | None, tegra_exe: str | None,
+              pre: dict[str, Any]) -> dict[str, Any]:
+    graph = None
+
+    def make_batch(runner: Runner) -> np.ndarray:
+        # Built from the loaded graph's own input type (uint8 NHWC, or float NCHW for raw graphs).
+        return synthetic_batch(runner.inputs()[0], pre, cell.batch, cell.height, cell.width, config.seed)
+
+    def run() -> Measurement:
+        return measure(make, make_batch, warmup=config.warmup, iterations=config.iterations, duration_s=config.duration_s,
+                       cv_threshold=config.cv_threshold, gpu=gpu, on_runner=lambda r: _check_shape(r, cell))
+
+    try:
+        make, graph = runner_factory(bundle, cell, config, threads)
+        if tegra_exe:
+            with tegrastats.TegrastatsSampler(tegra_exe, config.tegrastats_interval_ms) as sampler:
+                m = run()
+            tegra = sampler.summary()
+        else:
+            m, tegra = run(), None
+    except _SkipCell as exc:
+        return _row(cell, cost, graph, "skipped", str(exc))
+    except VitDeployError as exc:
+        return _row(cell, cost, graph, "failed", str(exc))
+    except Exception as exc:  # a runtime error (ORT, torch, TensorRT) in one cell must not end the sweep
+        first = str(exc).strip().splitlines()
+        return _row(cell, cost, graph, "failed", f"{type(exc).__name__}: {first[0] if first else ''}")
+    peak = gemm_probe.peak_for(peaks, m.runner.get("device", "cpu"), cell.precision)
+    note = f"unstable: CV {m.latency.cv:.0%} > {config.cv_threshold:.0%}" if m.unstable else ""
+    return _row(cell, cost, graph, "ok", note, m, peak, tegra)
