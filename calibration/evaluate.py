@@ -1,0 +1,116 @@
+"""Score a quantized graph: accuracy, top-1 agreement with fp32, and this machine's latency.
+
+An int8 Q/DQ graph is scored in two executions (DESIGN.md): ONNX Runtime with "basic" graph
+optimizations runs Q/DQ as fake-quant in float (the arithmetic TensorRT implements) and with "all"
+it fuses Q/DQ into integer kernels (how this CPU would execute it). The gate applies to the
+execution the graph is meant for: reference semantics for the TensorRT graph, int8 kernels for the
+CPU graph.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitdeploy.bundle import Bundle
+
+EVAL_BATCH = 32
+EXECUTIONS = {"reference": "basic", "this_cpu": "all"}  # name -> ORT graph optimization level
+GATED_EXECUTION = {"tensorrt": "reference", "cpu": "this_cpu"}
+
+
+@dataclass
+class EvalData:
+    name: str
+    images: np.ndarray  # uint8 NHWC at the graph's input contract
+    labels: np.ndarray | None
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Gate:
+    max_drop_points: float = 1.0  # accuracy may fall at most this many points below fp32
+    min_agreement: float = 0.98  # top-1 agreement with the fp32 graph
+
+    def verdict(self, fp32_accuracy: float | None, scores: dict[str, Any]) -> tuple[bool, list[str]]:
+        failures = []
+        if scores["top1_agreement"] < self.min_agreement:
+            failures.append(f"top-1 agreement {scores['top1_agreement']:.2%} < {self.min_agreement:.0%}")
+        acc = scores.get("accuracy")
+        if fp32_accuracy is not None and acc is not None and (fp32_accuracy - acc) * 100 > self.max_drop_points + 1e-9:
+            failures.append(f"accuracy {acc:.2%} is {(fp32_accuracy - acc) * 100:.2f} points below fp32 {fp32_accuracy:.2%} "
+                            f"(allowed {self.max_drop_points:g})")
+        return not failures, failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_accuracy_drop_points": self.max_drop_points, "min_top1_agreement": self.min_agreement}
+
+
+def default_eval_data(bundle: Bundle) -> str | None:
+    """The bundled digits model scores on its held-out test split; others need --eval-data."""
+    source = bundle.manifest.get("source", {})
+    if source.get("kind") == "builtin" and source.get("name") == "digits":
+        return "digits:test"
+    return None
+
+
+def load_eval_data(bundle: Bundle, spec: str | None, limit: int | None = None) -> EvalData | None:
+    """Labelled (or unlabelled .npy) images through `check`'s loader, so both score the same pixels."""
+    from vitdeploy.checks.inputs import real_set
+
+    spec = spec or default_eval_data(bundle)
+    if spec is None:
+        return None
+    real = real_set(bundle, spec, limit)
+    record = {"data": spec, "count": int(real.meta["count"]), "sha256": real.meta["sha256"], "labelled": real.labels is not None}
+    return EvalData(spec, real.images, real.labels, record)
+
+
+def graph_logits(path: str | Path, images: np.ndarray, optimization: str, threads: int | None = None) -> np.ndarray:
+    from vitdeploy.runtime.ort import OrtRunner
+
+    runner = OrtRunner(path, optimization=optimization, threads=threads, providers=["CPUExecutionProvider"])
+    try:
+        return np.concatenate([runner.infer(images[i : i + EVAL_BATCH])["logits"] for i in range(0, len(images), EVAL_BATCH)])
+    finally:
+        runner.close()
+
+
+def scores(logits: np.ndarray, labels: np.ndarray | None, fp32_logits: np.ndarray) -> dict[str, Any]:
+    pred = logits.argmax(axis=1)
+    return {
+        "accuracy": float((pred == labels).mean()) if labels is not None else None,
+        "top1_agreement": float((pred == fp32_logits.argmax(axis=1)).mean()),
+        "max_abs_logit_diff": float(np.abs(logits.astype(np.float64) - fp32_logits).max()),
+    }
+
+
+def score_graph(path: str | Path, data: EvalData, fp32_logits: np.ndarray, threads: int | None = None) -> dict[str, Any]:
+    """Accuracy and agreement of a Q/DQ graph in both executions."""
+    out = {}
+    for name, level in EXECUTIONS.items():
+        out[name] = {"optimization": level, **scores(graph_logits(path, data.images, level, threads), data.labels, fp32_logits)}
+    return out
+
+
+def latency_ms(path: str | Path, image: np.ndarray, optimization: str = "all", runs: int = 20, warmup: int = 3,
+               threads: int | None = None) -> float:
+    """Median wall time of one batch on this CPU, in milliseconds."""
+    from vitdeploy.runtime.ort import OrtRunner
+
+    runner = OrtRunner(path, optimization=optimization, threads=threads, providers=["CPUExecutionProvider"])
+    try:
+        for _ in range(warmup):
+            runner.infer(image)
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            runner.infer(image)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times) * 1000.0)
+    finally:
+        runner.close()

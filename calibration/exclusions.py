@@ -1,0 +1,195 @@
+"""Which linear layers stay in float: exclusions by op type, by PyTorch module, or by ViT role.
+
+INT8 Q/DQ goes on the inputs of MatMul/Gemm/Conv only (the linear layers and the two attention
+matmuls). A recipe can keep some of them in float:
+
+* ``op_types``: e.g. ``Conv`` (the patch embedding) or ``Gemm`` (a 2-D classifier head);
+* ``blocks``: PyTorch module names as the bundle's manifest maps them (``graph.module_outputs``:
+  ``blocks.0`` .. ``blocks.N``, ``norm``, ``head``; Hugging Face names for hf bundles) plus
+  ``patch_embed``. Node metadata does not survive the graph simplifier, so a module's nodes are
+  found from the graph itself: the ancestors of the module's output tensor that are not ancestors
+  of the previous module's output;
+* ``roles``: ``attention-matmuls`` (the activation x activation matmuls q.k^T and attn.v, whose
+  softmax-side input is the classic INT8 trouble spot), ``mlp-fc2`` (the linear layer after GELU,
+  whose input has a long positive tail), ``patch-embed`` (the Conv that reads the normalised
+  pixels) and ``head`` (the classifier: the last linear layer before ``logits``). Roles are found
+  from the graph's structure, so they mean the same for timm, Hugging Face and builtin bundles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitdeploy.errors import UserError
+
+QUANTIZABLE_OPS = ("MatMul", "Gemm", "Conv")
+ROLES = ("attention-matmuls", "mlp-fc2", "patch-embed", "head")
+PATCH_EMBED = "patch_embed"
+
+
+@dataclass(frozen=True)
+class Exclusions:
+    op_types: tuple[str, ...] = ()
+    blocks: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad_ops = [op for op in self.op_types if op not in QUANTIZABLE_OPS]
+        if bad_ops:
+            raise UserError(f"--exclude-op-types {', '.join(bad_ops)}: only {', '.join(QUANTIZABLE_OPS)} are quantized, "
+                            "so only they can be excluded")
+        bad_roles = [r for r in self.roles if r not in ROLES]
+        if bad_roles:
+            raise UserError(f"--exclude-roles {', '.join(bad_roles)}: known roles are {', '.join(ROLES)}")
+
+    @property
+    def label(self) -> str:
+        parts = [*(f"op:{o}" for o in self.op_types), *self.blocks, *self.roles]
+        return ", ".join(parts) if parts else "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op_types": list(self.op_types), "blocks": list(self.blocks), "roles": list(self.roles)}
+
+
+@dataclass
+class GraphIndex:
+    """Producers, consumers and constants of a graph, for walking it."""
+
+    model: Any
+    producer: dict[str, Any] = field(default_factory=dict)
+    consumers: dict[str, list[Any]] = field(default_factory=dict)
+    constants: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, model: Any) -> "GraphIndex":
+        index = cls(model)
+        graph = model.graph
+        index.constants = {i.name for i in graph.initializer}
+        for node in graph.node:
+            for out in node.output:
+                index.producer[out] = node
+            for inp in node.input:
+                if inp:
+                    index.consumers.setdefault(inp, []).append(node)
+            if node.op_type == "Constant":
+                index.constants.update(node.output)
+        return index
+
+    def ancestors(self, tensor: str) -> set[str]:
+        """Names of the nodes ``tensor`` depends on (its producer included)."""
+        seen: set[str] = set()
+        stack = [tensor]
+        visited_tensors: set[str] = set()
+        while stack:
+            t = stack.pop()
+            if t in visited_tensors:
+                continue
+            visited_tensors.add(t)
+            node = self.producer.get(t)
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            stack.extend(i for i in node.input if i)
+        return seen
+
+    def is_constant(self, tensor: str) -> bool:
+        return tensor in self.constants
+
+
+def quantizable_nodes(model: Any, op_types: tuple[str, ...] = QUANTIZABLE_OPS) -> list[Any]:
+    return [n for n in model.graph.node if n.op_type in op_types]
+
+
+def module_nodes(model: Any, graph_meta: dict[str, Any], index: GraphIndex | None = None) -> dict[str, set[str]]:
+    """Node names per PyTorch module (``patch_embed``, ``blocks.N``, ``norm``, ``head``...)."""
+    index = index or GraphIndex.of(model)
+    outputs: dict[str, str] = dict(graph_meta.get("module_outputs") or {})
+    patch = (graph_meta.get("patch_embed") or {}).get("output")
+    if patch is None:
+        conv = next((n for n in model.graph.node if n.op_type == "Conv"), None)
+        patch = conv.output[0] if conv is not None else None
+    if patch is not None:
+        outputs = {PATCH_EMBED: patch, **outputs}
+    order = {out: i for i, node in enumerate(model.graph.node) for out in node.output}
+    present = [(name, t) for name, t in outputs.items() if t in order]
+    present.sort(key=lambda item: order[item[1]])
+    result: dict[str, set[str]] = {}
+    previous: set[str] = set()
+    for name, tensor in present:
+        mine = index.ancestors(tensor)
+        result[name] = mine - previous
+        previous = mine
+    return result
+
+
+def role_nodes(model: Any, role: str, index: GraphIndex | None = None) -> set[str]:
+    index = index or GraphIndex.of(model)
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    if role == "attention-matmuls":
+        return {n.name for n in matmuls if not any(index.is_constant(i) for i in n.input)}
+    if role == "mlp-fc2":
+        return {n.name for n in matmuls if _after_gelu(index, n.input[0])}
+    if role == "patch-embed":
+        return {n.name for n in model.graph.node if n.op_type == "Conv"}
+    if role == "head":
+        outputs = [o.name for o in model.graph.output]
+        logits = "logits" if "logits" in outputs else outputs[0]
+        feeding = index.ancestors(logits)
+        linear = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.name in feeding]
+        return {linear[-1].name} if linear else set()
+    raise UserError(f"unknown role {role!r}; known roles are {', '.join(ROLES)}")
+
+
+def _after_gelu(index: GraphIndex, tensor: str, depth: int = 4) -> bool:
+    """Is ``tensor`` a GELU output (a Gelu node, or the erf/tanh formula a few nodes back)?"""
+    node = index.producer.get(tensor)
+    if node is None:
+        return False
+    if node.op_type in ("Gelu", "FastGelu", "BiasGelu"):
+        return True
+    if node.op_type != "Mul" or depth == 0:
+        return False
+    frontier, seen = list(node.input), set()
+    for _ in range(depth):
+        nxt = []
+        for t in frontier:
+            p = index.producer.get(t)
+            if p is None or p.name in seen:
+                continue
+            seen.add(p.name)
+            if p.op_type in ("Erf", "Tanh"):
+                return True
+            nxt.extend(p.input)
+        frontier = nxt
+    return False
+
+
+def resolve(model: Any, graph_meta: dict[str, Any], exclusions: Exclusions) -> dict[str, Any]:
+    """Quantizable nodes each exclusion removes: {"nodes": [...], "by": {rule: [nodes]}}."""
+    index = GraphIndex.of(model)
+    candidates = {n.name: n for n in quantizable_nodes(model)}
+    by: dict[str, list[str]] = {}
+    for op in exclusions.op_types:
+        by[f"op:{op}"] = sorted(name for name, n in candidates.items() if n.op_type == op)
+    if exclusions.blocks:
+        modules = module_nodes(model, graph_meta, index)
+        unknown = [b for b in exclusions.blocks if b not in modules]
+        if unknown:
+            raise UserError(f"--exclude-blocks {', '.join(unknown)}: not a module of this graph; known: {_known(modules)}")
+        for block in exclusions.blocks:
+            by[block] = sorted(name for name in modules[block] if name in candidates)
+    for role in exclusions.roles:
+        by[role] = sorted(name for name in role_nodes(model, role, index) if name in candidates)
+    nodes = sorted({name for names in by.values() for name in names})
+    unnamed = [n for n in candidates.values() if not n.name]
+    if unnamed:
+        raise UserError("the graph has unnamed MatMul/Gemm/Conv nodes, which cannot be excluded by name; re-export it with `vitdeploy export`")
+    return {"nodes": nodes, "by": by}
+
+
+def _known(modules: dict[str, set[str]]) -> str:
+    names = list(modules)
+    if len(names) > 8:
+        names = names[:4] + ["..."] + names[-3:]
+    return ", ".join(names)

@@ -1,0 +1,166 @@
+"""``vitdeploy calibrate --sweep``: try calibration methods x exclusion sets, keep the best in the gate.
+
+Ranges are calibrated once per method (the expensive part) and reused for every exclusion set, since
+calibrating every MatMul/Gemm/Conv input covers any subset of them. Each candidate graph is scored on
+held-out labelled data in both executions (reference fake-quant and this CPU's int8 kernels: accuracy,
+top-1 agreement with fp32) and timed on this CPU at batch 1.
+
+Choice among the candidates that pass the gate (in the execution the target runs):
+
+* ``tensorrt``: the most layers in INT8 (what makes a TensorRT engine fast; this CPU's latency does
+  not predict a GPU's), then the highest agreement with fp32, then accuracy, then latency;
+* ``cpu``: the fastest on this CPU, where candidates within 5% of the fastest count as equally fast
+  (timing noise), then agreement, accuracy and INT8 coverage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .evaluate import GATED_EXECUTION, EvalData, Gate, latency_ms, score_graph
+from .exclusions import Exclusions
+from .qdq import METHODS, Recipe, compute_ranges, quantize_graph
+from .sources import CalibrationSource
+
+# Exclusion sets tried by the sweep (user exclusions are added to each).
+PRESETS: dict[str, Exclusions] = {
+    "none": Exclusions(),
+    "head": Exclusions(roles=("head",)),
+    "patch-embed+head": Exclusions(roles=("patch-embed", "head")),
+    "attention-matmuls": Exclusions(roles=("attention-matmuls",)),
+    "mlp-fc2": Exclusions(roles=("mlp-fc2",)),
+}
+LATENCY_TIE = 0.05
+LATENCY_RUNS = 20
+
+
+@dataclass
+class Candidate:
+    preset: str
+    recipe: Recipe
+    path: Path
+    quantization: dict[str, Any]
+    calibration: dict[str, Any]
+    scores: dict[str, Any]
+    latency_ms: float
+    passed: bool
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def int8_layers(self) -> int:
+        return int(self.quantization["placement"]["quantized_layers"])
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "method": self.recipe.method,
+            "exclusions": self.preset,
+            "excluded_nodes": len(self.quantization["excluded_nodes"]),
+            "int8_layers": self.int8_layers,
+            "reference": {k: self.scores["reference"][k] for k in ("accuracy", "top1_agreement")},
+            "this_cpu": {k: self.scores["this_cpu"][k] for k in ("accuracy", "top1_agreement")},
+            "latency_ms_batch1": round(self.latency_ms, 3),
+            "passed": self.passed,
+            "failures": self.failures,
+        }
+
+
+def merge(user: Exclusions, preset: Exclusions) -> Exclusions:
+    def union(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(a + b))
+
+    return Exclusions(union(user.op_types, preset.op_types), union(user.blocks, preset.blocks), union(user.roles, preset.roles))
+
+
+def run_sweep(
+    fp32_path: Path,
+    source: CalibrationSource,
+    data: EvalData,
+    fp32_logits: np.ndarray,
+    fp32_accuracy: float | None,
+    target: str,
+    manifest: dict[str, Any],
+    workdir: Path,
+    gate: Gate,
+    user_exclusions: Exclusions = Exclusions(),
+    methods: tuple[str, ...] = METHODS,
+    presets: dict[str, Exclusions] | None = None,
+    threads: int | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Candidate]:
+    presets = presets or PRESETS
+    execution = GATED_EXECUTION[target]
+    probe = data.images[:1]
+    candidates: list[Candidate] = []
+    for method in methods:
+        ranges = workdir / f"ranges-{method}.json"
+        calibration = compute_ranges(fp32_path, source, method, target, ranges, progress)
+        log(f"calibrated {method} on {len(source)} images in {calibration['seconds']:.1f} s")
+        seen: set[tuple[str, ...]] = set()
+        for name, preset in presets.items():
+            recipe = Recipe(method, target, merge(user_exclusions, preset))
+            out = workdir / f"{method}-{name}.onnx"
+            quantization = quantize_graph(fp32_path, out, ranges, recipe, manifest)
+            key = tuple(quantization["excluded_nodes"])
+            if key in seen:  # e.g. "head" on a graph whose head is already excluded by the user
+                out.unlink()
+                continue
+            seen.add(key)
+            result = score_graph(out, data, fp32_logits, threads)
+            passed, failures = gate.verdict(fp32_accuracy, result[execution])
+            latency = latency_ms(out, probe, "all", runs=LATENCY_RUNS, threads=threads)
+            cand = Candidate(name, recipe, out, quantization, calibration, result, latency, passed, failures)
+            candidates.append(cand)
+            log(f"  {method:10s} {name:18s} int8 layers {cand.int8_layers:3d}  "
+                f"{_fmt(result[execution]['accuracy'])} acc  {result[execution]['top1_agreement']:.2%} agree  "
+                f"{latency:.2f} ms  {'ok' if passed else 'below gate'}")
+    return candidates
+
+
+def choose(candidates: list[Candidate], target: str) -> Candidate | None:
+    execution = GATED_EXECUTION[target]
+    ok = [c for c in candidates if c.passed]
+    if not ok:
+        return None
+
+    def quality(c: Candidate) -> tuple[float, float]:
+        s = c.scores[execution]
+        return (s["top1_agreement"], s["accuracy"] if s["accuracy"] is not None else 0.0)
+
+    if target == "tensorrt":
+        return max(ok, key=lambda c: (c.int8_layers, *quality(c), -c.latency_ms))
+    fastest = min(c.latency_ms for c in ok)
+    tier = [c for c in ok if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
+    return max(tier, key=lambda c: (*quality(c), c.int8_layers, -c.latency_ms))
+
+
+def choice_rule(target: str) -> str:
+    if target == "tensorrt":
+        return "within the gate (reference execution): most INT8 layers, then agreement, accuracy, latency"
+    return f"within the gate (this CPU's int8 kernels): fastest (ties within {LATENCY_TIE:.0%}), then agreement, accuracy, INT8 layers"
+
+
+def render_table(candidates: list[Candidate], best: Candidate | None, fp32_accuracy: float | None, fp32_latency: float, target: str) -> Any:
+    """A rich Table of the sweep (the chosen row starred)."""
+    from rich.table import Table
+
+    execution = GATED_EXECUTION[target]
+    title = f"INT8 sweep ({target} target; gate on the {'reference fake-quant' if execution == 'reference' else 'this CPU int8'} execution)"
+    table = Table(title=title)
+    for col in ("", "method", "excluded", "int8 layers", "acc (ref)", "agree (ref)", "acc (cpu)", "agree (cpu)", "ms b1 (cpu)", "gate"):
+        table.add_column(col, justify="right" if col not in ("method", "excluded", "gate", "") else "left")
+    table.add_row("", "fp32", "-", "0", _fmt(fp32_accuracy), "100.00%", _fmt(fp32_accuracy), "100.00%", f"{fp32_latency:.2f}", "")
+    for c in candidates:
+        ref, cpu = c.scores["reference"], c.scores["this_cpu"]
+        table.add_row("*" if c is best else "", c.recipe.method, c.preset, str(c.int8_layers), _fmt(ref["accuracy"]),
+                      f"{ref['top1_agreement']:.2%}", _fmt(cpu["accuracy"]), f"{cpu['top1_agreement']:.2%}",
+                      f"{c.latency_ms:.2f}", "ok" if c.passed else "; ".join(c.failures))
+    return table
+
+
+def _fmt(acc: float | None) -> str:
+    return "n/a" if acc is None else f"{acc:.2%}"

@@ -1,0 +1,331 @@
+"""FP16 mixed-precision pass: fp32 bundle graph -> ``model.fp16.onnx``.
+
+TensorRT 11 builds networks strongly typed, so FP16 has to be decided in the ONNX graph (DESIGN.md,
+"Precision lives in the ONNX graph"). The conversion is onnxconverter-common's
+``float16.convert_float_to_float16`` with a block list; what we add is the ViT-aware policy:
+
+* kept in fp32: the baked preprocessing (uint8 -> float, /255, mean/std, transpose; the pixel maths
+  must not round), every ``LayerNormalization`` (the LayerNorm after attention overflows fp16 in
+  real ViTs, a long-standing TensorRT issue), every ``Softmax`` (the attention weights and ``probs``),
+  the converter's own default block list (Resize among them: the position-table interpolation of
+  dynamic-resolution graphs) and any op type the user names (``--keep-fp32``);
+* unchanged interface: the uint8 ``images`` input and the fp32 ``logits``/``probs`` outputs
+  (``keep_io_types``), so a deployment swaps the file and nothing else.
+
+:func:`inspect_fp16_placement` re-reads a written graph and reports where that policy does not hold;
+tests and ``vitdeploy check`` call it. This module imports only onnx/numpy at import time (no torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from vitdeploy.bundle import ARTIFACT_FILES, METADATA_KEY, Bundle, embed_manifest
+from vitdeploy.errors import InternalError, UserError
+from vitdeploy.fileio import atomic_path, sha256_file
+from vitdeploy.lazy import require
+
+# Op types that always stay fp32 in a vitdeploy fp16 graph (see the module docstring for why).
+ALWAYS_FP32_OPS = ("LayerNormalization", "Softmax")
+# Numeric sanity of a fresh conversion: seeded images through both graphs.
+SANITY_IMAGES = 8
+SANITY_SEED = 0
+
+
+def preprocessing_nodes(model: Any, patch_input: str | None = None) -> list[str]:
+    """Names of the nodes computing the baked preprocessing: every ancestor of the patch-embedding
+    Conv's data input (cast, optional flip/resize, /255, mean/std, transpose).
+
+    ``patch_input`` is the Conv's input tensor (the manifest's ``graph.patch_embed.input``); without
+    it the first Conv of the graph is taken, which in a ViT is the patch embedding.
+    """
+    graph = model.graph
+    if patch_input is None:
+        conv = next((n for n in graph.node if n.op_type == "Conv"), None)
+        if conv is None:
+            return []
+        patch_input = conv.input[0]
+    producer = {out: node for node in graph.node for out in node.output}
+    graph_inputs = {v.name for v in graph.input}
+    # In an fp16 graph the normalised pixels reach the Conv through the converter's Cast to fp16:
+    # that Cast is the boundary, not part of the (fp32) preprocessing.
+    boundary = producer.get(patch_input)
+    while boundary is not None and boundary.op_type == "Cast" and any(a.name == "to" and a.i == 10 for a in boundary.attribute):
+        patch_input = boundary.input[0]
+        boundary = producer.get(patch_input)
+    found: dict[str, Any] = {}
+    stack = [patch_input]
+    while stack:
+        tensor = stack.pop()
+        node = producer.get(tensor)
+        if node is None or tensor in graph_inputs or id(node) in found:
+            continue
+        found[id(node)] = node
+        stack.extend(i for i in node.input if i)
+    names = [n.name for n in found.values()]
+    if any(not name for name in names):
+        raise UserError("the fp32 graph has unnamed preprocessing nodes; re-export it with `vitdeploy export`")
+    return names
+
+
+def convert_to_fp16(
+    src: str | Path,
+    dst: str | Path,
+    keep_fp32_ops: Sequence[str] = (),
+    manifest: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the fp16 mixed-precision version of the fp32 graph ``src`` to ``dst`` (atomically).
+
+    ``manifest``: the bundle manifest whose core is embedded (with ``graph.precision = "fp16"``);
+    by default the core already in ``src``'s metadata is carried over. Returns the record that
+    describes the conversion (stored with the artifact).
+    """
+    onnx = require("onnx", "the fp16 pass")
+    model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest)
+    with atomic_path(dst) as tmp:
+        onnx.save(model, str(tmp))
+    return record
+
+
+def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = ()) -> Path:
+    """Convert the bundle's fp32 graph, write ``model.fp16.onnx`` atomically and record it.
+
+    The new graph is loaded and run on seeded images before it replaces anything: a graph ONNX
+    Runtime cannot run never lands in the bundle.
+    """
+    onnx = require("onnx", "the fp16 pass")
+    src = bundle.artifact_path("fp32")
+    if bundle.bare_onnx is not None:
+        raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; the fp16 pass writes into a bundle folder (export with -o DIR)")
+    dst = bundle.root / ARTIFACT_FILES["fp16"]
+    model, record = _convert(src, tuple(keep_fp32_ops), bundle.manifest)
+    with atomic_path(dst) as tmp:
+        onnx.save(model, str(tmp))
+        record["sanity"] = numeric_sanity(src, tmp, bundle)
+    bundle.add_artifact("fp16", dst, record)
+    return dst
+
+
+def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    onnx = require("onnx", "the fp16 pass")
+    float16 = require("onnxconverter_common.float16", "the fp16 pass")
+    if not src.is_file():
+        raise UserError(f"no fp32 graph at {src}; create it with `vitdeploy export`")
+    try:
+        model = onnx.load(str(src))
+    except Exception as exc:  # onnx raises DecodeError and friends
+        raise UserError(f"{src} is not a readable ONNX file ({exc.__class__.__name__})") from None
+    if _has_float16(model):
+        raise UserError(f"{src} already holds float16 tensors; the fp16 pass starts from the fp32 graph (model.onnx)")
+
+    present = sorted({n.op_type for n in model.graph.node})
+    user_ops = [op.strip() for op in keep_fp32_ops if op.strip()]
+    unknown = [op for op in user_ops if op not in present]
+    if unknown:
+        raise UserError(f"--keep-fp32 names op types that are not in the graph: {', '.join(unknown)} "
+                        f"(op types present: {', '.join(present)})")
+    core = manifest if manifest is not None else _embedded_core(model)
+    patch = ((core or {}).get("graph") or {}).get("patch_embed") or {}
+    pre_nodes = preprocessing_nodes(model, patch.get("input"))
+    block_ops = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(ALWAYS_FP32_OPS) | set(user_ops))
+    source_sha = sha256_file(src)
+
+    with warnings.catch_warnings(record=True) as caught:
+        # the converter warns once per weight value it clamps to fp16's range; count them instead
+        warnings.simplefilter("always")
+        converted = float16.convert_float_to_float16(
+            model,
+            keep_io_types=True,  # uint8 in, fp32 logits/probs out: the bundle's contract does not change
+            op_block_list=block_ops,
+            node_block_list=pre_nodes,
+        )
+    clamped = sum(1 for w in caught if "truncated" in str(w.message))
+    _drop_fp16_casts_on_outputs(converted)
+    converted = _refresh_value_info(converted)
+    if core is not None:
+        fp16_core = copy.deepcopy(core)
+        fp16_core.setdefault("graph", {})["precision"] = "fp16"
+        fp16_core["graph"]["fp16"] = {"kept_fp32_op_types": sorted(set(ALWAYS_FP32_OPS) | set(user_ops))}
+        embed_manifest(converted, fp16_core)
+    placement = inspect_fp16_placement(converted, extra_fp32_ops=user_ops, preprocessing=pre_nodes)
+    if placement["violations"]:
+        # The converter did not honour the block list: a bug to report, not a graph to ship.
+        raise InternalError("fp16 conversion broke the precision policy: " + "; ".join(placement["violations"][:5]))
+    record = {
+        "precision": "fp16",
+        "converter": "onnxconverter-common float16.convert_float_to_float16",
+        "converter_version": require("onnxconverter_common").__version__,
+        "keep_io_types": True,
+        "kept_fp32_op_types": sorted(set(ALWAYS_FP32_OPS) | set(user_ops)),
+        "user_kept_fp32_op_types": user_ops,
+        "converter_default_block_list_in_graph": sorted(set(float16.DEFAULT_OP_BLOCK_LIST) & set(present)),
+        "preprocessing_nodes_fp32": len(pre_nodes),
+        "weights_clamped_to_fp16_range": clamped,
+        "placement": {k: v for k, v in placement.items() if k != "violations"},
+        "from_fp32_sha256": source_sha,
+    }
+    return converted, record
+
+
+def numeric_sanity(fp32_path: Path, fp16_path: Path, bundle: Bundle) -> dict[str, Any]:
+    """Seeded uint8 images through both graphs on ORT CPU: max |d logit| and top-1 agreement.
+
+    A quick record of what the conversion did to the numbers; task accuracy is `check`'s job.
+    """
+    from vitdeploy.preprocess import random_images
+    from vitdeploy.runtime.ort import OrtRunner
+
+    height, width = _input_size(bundle)
+    images = random_images(SANITY_IMAGES, height, width, seed=SANITY_SEED)
+    ref = OrtRunner(fp32_path, providers=["CPUExecutionProvider"]).infer(images)["logits"]
+    got = OrtRunner(fp16_path, precision="fp16", providers=["CPUExecutionProvider"]).infer(images)["logits"]
+    return {
+        "images": SANITY_IMAGES,
+        "seed": SANITY_SEED,
+        "size": [height, width],
+        "max_abs_logit_diff": float(np.abs(ref.astype(np.float64) - got).max()),
+        "top1_agreement": float((ref.argmax(1) == got.argmax(1)).mean()),
+    }
+
+
+def _input_size(bundle: Bundle) -> tuple[int, int]:
+    pre = bundle.preprocessing
+    size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
+    if pre.get("in_graph_resize"):
+        size = pre["in_graph_resize"]["to"]
+    return int(size[0]), int(size[1])
+
+
+# -- inspection ------------------------------------------------------------------------------
+def tensor_elem_types(model: Any) -> dict[str, int]:
+    """ONNX element type of every tensor (graph inputs/outputs, initializers, inferred values)."""
+    onnx = require("onnx", "inspecting ONNX graphs")
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    types: dict[str, int] = {}
+    graph = inferred.graph
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if value.type.HasField("tensor_type"):
+            types[value.name] = value.type.tensor_type.elem_type
+    for init in graph.initializer:
+        types[init.name] = init.data_type
+    for node in graph.node:  # Constant nodes carry their type in the attribute
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    types[node.output[0]] = attr.t.data_type
+    return types
+
+
+def inspect_fp16_placement(
+    model: Any,
+    extra_fp32_ops: Sequence[str] = (),
+    preprocessing: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Check the fp16 policy on a graph (ModelProto or path). Returns counts and ``violations``:
+
+    * every LayerNormalization and Softmax (and each ``extra_fp32_ops`` type) reads and writes fp32;
+    * the input keeps its dtype (uint8) and ``logits``/``probs`` stay fp32;
+    * the preprocessing nodes compute in fp32;
+    * the linear layers really are fp16 (at least one MatMul/Gemm/Conv reads fp16 weights).
+    """
+    onnx = require("onnx", "inspecting ONNX graphs")
+    if isinstance(model, (str, Path)):
+        model = onnx.load(str(model))
+    types = tensor_elem_types(model)
+    fp32, fp16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    name = onnx.TensorProto.DataType.Name
+    violations: list[str] = []
+    kept = set(ALWAYS_FP32_OPS) | set(extra_fp32_ops)
+    counts = {op: 0 for op in sorted(kept)}
+
+    def float_tensors(node: Any) -> list[tuple[str, int]]:
+        return [(t, types[t]) for t in list(node.input) + list(node.output) if t and types.get(t) in (fp32, fp16)]
+
+    for node in model.graph.node:
+        if node.op_type in kept:
+            counts[node.op_type] += 1
+            wrong = [t for t, ty in float_tensors(node) if ty != fp32]
+            if wrong:
+                violations.append(f"{node.op_type} {node.name} has fp16 tensors {wrong[:3]}")
+    pre = set(preprocessing if preprocessing is not None else preprocessing_nodes(model))
+    for node in model.graph.node:
+        if node.name in pre:
+            wrong = [t for t, ty in float_tensors(node) if ty != fp32]
+            if wrong:
+                violations.append(f"preprocessing node {node.name} ({node.op_type}) computes in fp16")
+    for out in model.graph.output:
+        if out.type.tensor_type.elem_type != fp32:
+            violations.append(f"output {out.name} is {name(out.type.tensor_type.elem_type)}, expected FLOAT")
+    for inp in model.graph.input:
+        if inp.type.tensor_type.elem_type == fp16:
+            violations.append(f"input {inp.name} became FLOAT16; the input contract must not change")
+    initializers = {i.name for i in model.graph.initializer}
+    linear = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm", "Conv")]
+    fp16_linear = [n for n in linear if any(types.get(t) == fp16 for t in n.input[1:2])]
+    const_linear = [n for n in linear if len(n.input) > 1 and n.input[1] in initializers]
+    if const_linear and not fp16_linear:
+        violations.append("no MatMul/Gemm/Conv computes in fp16: the graph is not an fp16 graph")
+    return {
+        "fp32_op_counts": counts,
+        "preprocessing_nodes": len(pre),
+        "linear_ops": len(linear),
+        "linear_ops_fp16": len(fp16_linear),
+        "violations": violations,
+    }
+
+
+def _drop_fp16_casts_on_outputs(model: Any) -> None:
+    """Undo the converter's Cast-to-fp16 behind a blocked node that produces a graph output.
+
+    onnxconverter-common 1.16 (keep_io_types=True) still appends ``Cast(to=FLOAT16)`` after a
+    blocked op whose output is a graph output - here the fp32 Softmax producing ``probs`` - and
+    declares that output fp16. The contract says fp32 outputs: rewire the fp32 value to the output.
+    """
+    onnx = require("onnx")
+    graph = model.graph
+    fp16 = onnx.TensorProto.FLOAT16
+    producer = {out: node for node in graph.node for out in node.output}
+    for output in graph.output:
+        cast = producer.get(output.name)
+        if cast is None or cast.op_type != "Cast" or not any(a.name == "to" and a.i == fp16 for a in cast.attribute):
+            continue
+        source = cast.input[0]
+        upstream = producer.get(source)
+        if upstream is None:
+            continue
+        # the fp32 value takes the output's name; every other reader of it follows
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                if name == source:
+                    node.input[i] = output.name
+        for i, name in enumerate(upstream.output):
+            if name == source:
+                upstream.output[i] = output.name
+        graph.node.remove(cast)
+        output.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+
+
+def _refresh_value_info(model: Any) -> Any:
+    """Recompute value_info from the nodes. The converter leaves two entries (fp32 and fp16) for a
+    tensor renamed around a blocked node, and ORT then refuses the graph on the stale one."""
+    onnx = require("onnx")
+    del model.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+
+
+def _has_float16(model: Any) -> bool:
+    onnx = require("onnx")
+    return any(init.data_type == onnx.TensorProto.FLOAT16 for init in model.graph.initializer)
+
+
+def _embedded_core(model: Any) -> dict[str, Any] | None:
+    for prop in model.metadata_props:
+        if prop.key == METADATA_KEY:
+            return json.loads(prop.value)
+    return None

@@ -1,0 +1,125 @@
+"""`vitdeploy calibrate`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .common import command, echo_json, split_csv
+
+
+@command("calibrate")
+@click.argument("bundle", type=click.Path(exists=True))
+@click.option("--data", default=None,
+              help="Calibration images: a folder (any sizes, resized by the model's rule), a uint8 [N,H,W,3] .npy, "
+                   "or digits:train (the default for the builtin digits bundle).")
+@click.option("--method", type=click.Choice(["entropy", "minmax", "percentile"]), default="entropy", show_default=True,
+              help="How activation ranges are chosen from the calibration data.")
+@click.option("--samples", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Calibration images to use (a seeded random subset when the source holds more).")
+@click.option("--exclude-op-types", default="", help="Op types kept in float, comma-separated (of MatMul, Gemm, Conv).")
+@click.option("--exclude-blocks", default="", help="PyTorch modules kept in float, comma-separated, e.g. blocks.0,blocks.11,head.")
+@click.option("--exclude-roles", default="",
+              help="ViT parts kept in float: attention-matmuls, mlp-fc2, patch-embed, head (comma-separated).")
+@click.option("--sweep", is_flag=True, help="Try methods x exclusion sets, score each on held-out labelled data, keep the best in the gate.")
+@click.option("--sweep-methods", default="entropy,minmax,percentile", show_default=True,
+              help="Calibration methods the sweep tries, comma-separated.")
+@click.option("--target", type=click.Choice(["tensorrt", "cpu"]), default="tensorrt", show_default=True,
+              help="tensorrt: symmetric S8S8 Q/DQ; cpu: U8S8 with 7-bit weights, which ORT's CPU int8 kernels run without saturating.")
+@click.option("--eval-data", default=None,
+              help="Labelled held-out images for the accuracy gate: DIR/<class>/<image> or digits:test (the default for the digits bundle).")
+@click.option("--eval-limit", type=click.IntRange(min=1), default=None, help="Use at most this many held-out images.")
+@click.option("--max-drop", type=float, default=1.0, show_default=True, help="Gate: largest accuracy drop against fp32, in points.")
+@click.option("--min-agreement", type=float, default=0.98, show_default=True, help="Gate: smallest top-1 agreement with fp32 (0..1).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime threads for calibration and scoring.")
+@click.option("--json", "as_json", is_flag=True, help="Print the int8 record as JSON.")
+def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exclude_roles, sweep, sweep_methods, target, eval_data, eval_limit,
+            max_drop, min_agreement, threads, as_json):
+    """Write BUNDLE/model.int8.onnx: explicit Q/DQ on the linear layers, calibrated and measured.
+
+    Q/DQ goes on the inputs of MatMul/Gemm/Conv (symmetric int8 activations, per-channel int8
+    weights); LayerNorm, Softmax, GELU and the residual adds stay float. The graph is scored on
+    held-out labelled images in reference semantics (fake-quant, what TensorRT computes) and as
+    this CPU executes it, and is written only if it passes the gate. The manifest records the data
+    hash and count, method, exclusions, target and accuracies.
+
+    \b
+    Example:
+      vitdeploy calibrate digits-bundle
+      vitdeploy calibrate digits-bundle --sweep
+      vitdeploy calibrate vits-bundle --data ./calib --eval-data ./val --method percentile --exclude-roles head
+      vitdeploy calibrate vits-bundle --data calib.npy --target cpu
+    """
+    from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
+    from vitdeploy.calibration.evaluate import Gate
+    from vitdeploy.calibration.exclusions import Exclusions
+    from vitdeploy.console import get_console
+
+    options = CalibrateOptions(
+        data=data, samples=samples, method=method, target=target, eval_data=eval_data, eval_limit=eval_limit, sweep=sweep,
+        sweep_methods=tuple(split_csv(sweep_methods)),
+        exclusions=Exclusions(tuple(split_csv(exclude_op_types)), tuple(split_csv(exclude_blocks)), tuple(split_csv(exclude_roles))),
+        gate=Gate(max_drop_points=max_drop, min_agreement=min_agreement), threads=threads,
+    )
+    err = get_console(stderr=True)
+    log = (lambda _m: None) if as_json else (lambda m: err.print(m, highlight=False))
+    with _CalibrationProgress(err, enabled=not as_json) as progress:
+        record = calibrate_bundle(bundle, options, log=log, progress=progress,
+                                  show_table=None if as_json else get_console().print)
+    if as_json:
+        echo_json(record)
+        return
+    click.echo(_summary(record))
+
+
+class _CalibrationProgress:
+    """A rich progress bar per calibration pass (a sweep runs one per method)."""
+
+    def __init__(self, console: Any, enabled: bool):
+        self.enabled = enabled
+        self.console = console
+        self.bar = None
+        self.task = None
+        self.last = 0
+
+    def __enter__(self) -> "_CalibrationProgress":
+        if self.enabled:
+            from rich.progress import Progress
+
+            self.bar = Progress(console=self.console, transient=True)
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            return
+        if self.task is None or done <= self.last:
+            self.task = self.bar.add_task("calibrating", total=total)
+        self.bar.update(self.task, completed=done)
+        self.last = done
+
+
+def _summary(record: dict[str, Any]) -> str:
+    cal = record["calibration"]
+    lines = [f"wrote model.int8.onnx ({record['target']} target, {record['method']}, "
+             f"{record['placement']['quantized_layers']}/{record['placement']['linear_layers']} linear layers in int8; "
+             f"calibrated on {cal['count']} images of {cal['source']})"]
+    ev = record.get("evaluation")
+    if ev is None:
+        lines.append("accuracy not measured: no labelled held-out data (pass --eval-data DIR/<class>/<image>, or run `vitdeploy check`)")
+    else:
+        def acc(v: Any) -> str:
+            return "n/a" if v is None else f"{v:.2%}"
+
+        lines.append(f"{ev['data']} ({ev['count']} images): fp32 {acc(ev['fp32_accuracy'])}; "
+                     f"int8 reference (fake-quant) {acc(ev['reference']['accuracy'])}, agreement {ev['reference']['top1_agreement']:.2%}; "
+                     f"int8 on this CPU {acc(ev['this_cpu']['accuracy'])}, agreement {ev['this_cpu']['top1_agreement']:.2%}")
+    if record.get("sweep"):
+        chosen = record["sweep"]["chosen"]
+        lines.append(f"sweep chose {chosen['method']} / exclusions {chosen['exclusions']} ({record['sweep']['rule']})")
+    return "\n".join(lines)
