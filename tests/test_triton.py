@@ -116,3 +116,17 @@ def test_bad_requests_leave_the_previous_repository_intact(bundle, tmp_path):
 def test_triton_repo_help_has_an_example():
     result = CliRunner().invoke(main, ["triton-repo", "--help"])
     assert result.exit_code == 0 and "Example:" in result.output and "tritonserver --model-repository" in result.output
+
+
+def test_digits_bundle_repository_for_both_backends(digits_bundle, copy_bundle, tmp_path):
+    """Acceptance: the real exported model gives a valid ModelConfig for ONNX Runtime and TensorRT."""
+    from vitdeploy.bundle import Bundle
+
+    ort = parse(write_triton_repo(digits_bundle, tmp_path / "ort", TritonOptions(dynamic_batching=True)))
+    assert ort.platform == "onnxruntime_onnx" and list(ort.input[0].dims) == [32, 32, 3]
+    assert [list(o.dims) for o in ort.output] == [[10], [10]]
+    bundle = Bundle.open(copy_bundle(digits_bundle))
+    fake_engine(bundle, "orin-trt10.3.0-fp32", "fp32", batch=(1, 8, 32), hw=32)  # engines are built on GPUs
+    trt = parse(write_triton_repo(bundle, tmp_path / "trt", TritonOptions(backend="tensorrt", dynamic_batching=True)))
+    assert trt.platform == "tensorrt_plan" and trt.max_batch_size == 32 and list(trt.input[0].dims) == [32, 32, 3]
+    assert (tmp_path / "trt" / bundle.name / "labels.txt").read_text().split() == [str(k) for k in range(10)]
