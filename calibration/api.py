@@ -20,7 +20,7 @@ from vitdeploy.fileio import atomic_path, sha256_file
 from vitdeploy.lazy import require
 
 from .evaluate import GATED_EXECUTION, Gate, graph_logits, latency_ms, load_eval_data, score_graph
-from .exclusions import Exclusions
+from .exclusions import Exclusions, resolve
 from .qdq import METHODS, Recipe, check_sample_count, compute_ranges, quantize_graph
 from .sources import open_source
 
@@ -63,6 +63,8 @@ def calibrate_bundle(
     fp32 = bundle.artifact_path("fp32")
     ort = require("onnxruntime", "INT8 calibration")
 
+    # unknown module names fail now, not after minutes of calibration
+    resolve(require("onnx").load(str(fp32), load_external_data=False), bundle.manifest.get("graph") or {}, opts.exclusions)
     source = open_source(opts.data, bundle, opts.samples)
     methods = opts.sweep_methods if opts.sweep else (opts.method,)
     for method in methods:

@@ -133,11 +133,13 @@ def role_nodes(model: Any, role: str, index: GraphIndex | None = None) -> set[st
     if role == "patch-embed":
         return {n.name for n in model.graph.node if n.op_type == "Conv"}
     if role == "head":
+        # the linear layers between the final LayerNorm and the logits: one head, or DeiT's two
         outputs = [o.name for o in model.graph.output]
         logits = "logits" if "logits" in outputs else outputs[0]
         feeding = index.ancestors(logits)
-        linear = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.name in feeding]
-        return {linear[-1].name} if linear else set()
+        norms = [n for n in model.graph.node if n.op_type == "LayerNormalization" and n.name in feeding]
+        before = index.ancestors(norms[-1].output[0]) if norms else set()
+        return {n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.name in feeding - before}
     raise UserError(f"unknown role {role!r}; known roles are {', '.join(ROLES)}")
 
 
