@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	# Debian packages for the C++ example's library tests (root or sudo; skipped tests say why otherwise)
-	bash scripts/install_system_deps.sh || echo "warning: C++ build dependencies missing; the C++ tests will skip"
+	bash scripts/install_system_deps.sh || echo "warning: could not install the C++ example's Debian packages (needs root or sudo); tests/test_cpp_example.py will fail"
 	$(BIN)/python -m pytest -q
 
 clean:
