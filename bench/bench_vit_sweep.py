@@ -1,8 +1,12 @@
 """The issue-7 sweep: ViT-S/16 (timm, random init, dynamic-resolution export) over 4 resolutions x
 2 batch sizes x 2 precisions on ONNX Runtime, on this machine; the plot goes to docs/img/.
 
-    .venv/bin/python bench/bench_vit_sweep.py                        # CPU sweep (~10-20 min on 2 cores)
+    .venv/bin/python bench/bench_vit_sweep.py                        # CPU sweep (~5-15 min on 2 cores)
     .venv/bin/python bench/bench_vit_sweep.py --precision fp32,fp16  # the precisions to compare
+
+The cells are timed interleaved (--rounds): all 16 sessions are loaded, then each round runs a
+few calls of every cell, forward and backward in turn, so other processes on a shared machine
+slow every cell alike instead of whichever cell was running at the time.
 
 The bundle is exported once with vitdeploy's exporter and cached in --work. A second precision is
 made by vitdeploy's own steps: fp16 by the exporter's precision pass, int8 by `vitdeploy calibrate`
@@ -66,6 +70,7 @@ def cpu_sweep(args: argparse.Namespace) -> dict:
         precisions=precisions,
         backends=["ort"],
         iterations=args.iterations,
+        rounds=args.rounds or None,
         warmup=args.warmup,
         threads=args.threads,
         device="cpu",
@@ -124,7 +129,9 @@ def main() -> int:
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--precision", default="fp32,int8")
     ap.add_argument("--calibrate-args", default="", help="extra arguments for `vitdeploy calibrate` when int8 is asked for")
-    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=20, help="timed calls per cell")
+    ap.add_argument("--rounds", type=int, default=10,
+                    help="interleave the cells over this many rounds (0: one cell after the other); fair on a shared machine")
     ap.add_argument("--gpu-iterations", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)

@@ -131,6 +131,20 @@ def test_library_sweep_skips_impossible_cells_with_a_reason(tiny_bundle: Path):
     assert to_json(result)["cells"][0]["p50_ms"] is None
 
 
+def test_interleaved_rounds_time_every_cell(tiny_bundle: Path):
+    bundle = Bundle.open(tiny_bundle)
+    rounds_seen = []
+    config = SweepConfig(resolutions=[(32, 32), (48, 48)], batches=[2], precisions=["fp32"], iterations=7, rounds=3, warmup=1, threads=1)
+    result = run_sweep(bundle, config, on_round=lambda r, n: rounds_seen.append((r, n)))
+    assert rounds_seen == [(0, 3), (1, 3), (2, 3)]
+    assert [r["status"] for r in result.rows] == ["ok", "ok"]
+    for row in result.rows:
+        assert row["iterations"] == 7  # 3 + 2 + 2 over the rounds
+        assert row["rss_scope"] == "sweep" and row["rss_added_mb"] is not None
+        assert 0 < row["min_ms"] <= row["p50_ms"] <= row["p99_ms"]
+    assert result.config["rounds"] == 3
+
+
 def test_json_flag_prints_the_report_and_output_dir(tiny_bundle: Path, tmp_path: Path):
     import os
 
@@ -156,6 +170,9 @@ def test_json_flag_prints_the_report_and_output_dir(tiny_bundle: Path, tmp_path:
         (["--backend", "tensorrt"], "needs an NVIDIA GPU"),
         (["--iterations", "5", "--duration", "1"], "not both"),
         (["--warmup", "-1"], "warm-up must be >= 0"),
+        (["--rounds", "1"], "--rounds must be >= 2"),
+        (["--rounds", "3", "--duration", "1"], "does not combine with --duration"),
+        (["--rounds", "3", "--iterations", "2"], "fewer than --rounds"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(tiny_bundle: Path, args: list[str], message: str):

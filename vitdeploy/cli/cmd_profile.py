@@ -17,6 +17,8 @@ from .common import command, echo_json, parse_int_list, split_csv
 @click.option("--backend", "backends", default="ort", show_default=True, help="Comma-separated ort, torch, tensorrt.")
 @click.option("--iterations", type=int, default=None, help="Timed calls per cell (instead of --duration).")
 @click.option("--duration", type=float, default=None, help="Seconds of timed calls per cell, at least 10 calls [default: 3].")
+@click.option("--rounds", type=int, default=None,
+              help="Load every cell, then time them interleaved over this many rounds (fair on a busy machine).")
 @click.option("--warmup", type=int, default=10, show_default=True, help="Untimed calls per cell before timing.")
 @click.option("--threads", type=int, default=None, help="Intra-op threads for CPU backends [default: every CPU this process may use].")
 @click.option("--pin", is_flag=True, help="Also pin the process to the first --threads CPUs it may use (Linux).")
@@ -27,7 +29,7 @@ from .common import command, echo_json, parse_int_list, split_csv
               help="Write the reports here instead of the bundle's reports/ folder.")
 @click.option("--no-plot", is_flag=True, help="Skip reports/profile.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the table.")
-def command(bundle, resolutions, batches, precisions, backends, iterations, duration, warmup, threads, pin, device, cv_threshold,
+def command(bundle, resolutions, batches, precisions, backends, iterations, duration, rounds, warmup, threads, pin, device, cv_threshold,
             out_dir, no_plot, as_json):
     """Latency and throughput across resolutions, batch sizes, precisions and backends, beside the cost model.
 
@@ -36,12 +38,15 @@ def command(bundle, resolutions, batches, precisions, backends, iterations, dura
     the coefficient of variation (flagged when unstable), the cost model's multiply-adds, achieved
     GFLOP/s and its share of this machine's GEMM peak measured in the same run. On a Jetson,
     tegrastats is sampled during each cell and the nvpmodel / jetson_clocks state is recorded.
-    Writes reports/profile.csv, profile.json and profile.png.
+    Writes reports/profile.csv, profile.json and profile.png. With --rounds, every cell is loaded
+    first and the timed calls are interleaved (A B C, C B A, ...), so load from other processes or
+    thermal drift falls on all cells alike.
 
     \b
     Example:
       vitdeploy profile digits-bundle
       vitdeploy profile vits --resolutions 160,224,288,384 --batch 1,8 --precision fp32,int8 --backend ort,torch
+      vitdeploy profile vits --resolutions 160,224,288,384 --batch 1,8 --iterations 20 --rounds 10
       vitdeploy profile vits --resolutions 224x320 --iterations 200 --threads 4 --pin --json
     """
     from ..console import get_console
@@ -55,6 +60,7 @@ def command(bundle, resolutions, batches, precisions, backends, iterations, dura
         backends=split_csv(backends),
         iterations=iterations,
         duration_s=duration,
+        rounds=rounds,
         warmup=warmup,
         threads=threads,
         pin=pin,

@@ -56,6 +56,7 @@ def profile_bundle(
             config,
             on_start=progress.on_start if progress else None,
             on_done=progress.on_done if progress else None,
+            on_round=progress.on_round if progress else None,
         )
     target = Path(out_dir) if out_dir is not None else bundle.reports_dir()
     paths = write_reports(result, target, plot=plot)

@@ -194,7 +194,8 @@ class Measurement:
     unstable: bool
     peak_rss_mb: float
     rss_before_mb: float | None
-    rss_scope: str  # "cell" (peak reset before the cell) or "process" (peak since process start)
+    rss_scope: str  # "cell" (peak reset before the cell), "process" (since process start), "sweep" (all cells loaded)
+    rss_added_mb: float | None  # what the cell added: peak - before (sequential) or after load - before (interleaved)
     gpu_mem_mb: float | None
     torch_gpu_peak_mb: float | None
     runner: dict[str, Any] = field(default_factory=dict)  # RunnerInfo of the measured runner
@@ -224,31 +225,44 @@ def check_budget(warmup: int, iterations: int | None, duration_s: float | None) 
     return iterations, duration_s
 
 
-def measure(
+@dataclass
+class LoadedRunner:
+    """A runner after start-up: loaded, first result timed, warmed up; ready for timed calls."""
+
+    runner: Runner
+    batch: np.ndarray
+    startup_s: float
+    load_s: float
+    first_infer_s: float
+    warmup: int
+    rss_before_mb: float | None
+    rss_scope: str
+    gpu_before_mb: float | None
+    samples: list[float] = field(default_factory=list)
+    device: list[float] = field(default_factory=list)
+
+
+def load(
     make_runner: Callable[[], Runner],
     batch: np.ndarray | Callable[[Runner], np.ndarray],
     warmup: int = DEFAULT_WARMUP,
-    iterations: int | None = None,
-    duration_s: float | None = None,
-    cv_threshold: float = DEFAULT_CV_THRESHOLD,
-    min_iterations: int = MIN_ITERATIONS,
     gpu: GpuMemoryProbe | None = None,
     on_runner: Callable[[Runner], None] | None = None,
-) -> Measurement:
-    """Load a runner, time its first result, warm it up, then time ``iterations`` calls or as many
-    as fit in ``duration_s`` (at least ``min_iterations``). The runner is closed before returning.
+    reset_rss: bool = True,
+) -> LoadedRunner:
+    """Start-up: construct the runner, time its first result, then run the untimed warm-up calls.
 
     ``batch`` is the input, or a function of the loaded runner that builds it (its input type is
     only known once the graph is loaded); ``on_runner`` is called with the loaded runner before the
-    first inference (e.g. to refuse a shape the graph cannot take).
+    first inference (e.g. to refuse a shape the graph cannot take). On failure the runner is closed.
     """
-    iterations, duration_s = check_budget(warmup, iterations, duration_s)
-    scope = "cell" if reset_peak_rss() else "process"
+    if warmup < 0:
+        raise UserError(f"warm-up must be >= 0 iterations, got {warmup}")
+    scope = "cell" if reset_rss and reset_peak_rss() else "process"
     rss_before = current_rss_mb()
     gpu_before = gpu.used_mb() if gpu else None
     if gpu:
         gpu.reset_torch_peak()
-
     t0 = time.perf_counter()
     runner = make_runner()
     t_loaded = time.perf_counter()
@@ -263,53 +277,98 @@ def measure(
         t_first = time.perf_counter() - t_input
         for _ in range(warmup):
             runner.infer(batch)
+    except BaseException:
+        runner.close()
+        raise
+    return LoadedRunner(runner, batch, t_first - t0, t_loaded - t0, t_first - t_loaded, warmup, rss_before, scope, gpu_before)
 
-        samples: list[float] = []
-        device: list[float] = []
-        has_device = hasattr(runner, "last_device_time_s")
-        infer = runner.infer  # bound once: the loop body stays one call and one append
-        if iterations is not None:
-            for _ in range(iterations):
-                infer(batch)
-                samples.append(runner.last_latency_s)
-                if has_device:
-                    device.append(runner.last_device_time_s)  # type: ignore[attr-defined]
-        else:
-            assert duration_s is not None
-            deadline = time.perf_counter() + duration_s
-            while len(samples) < min_iterations or time.perf_counter() < deadline:
-                infer(batch)
-                samples.append(runner.last_latency_s)
-                if has_device:
-                    device.append(runner.last_device_time_s)  # type: ignore[attr-defined]
+
+def timed_calls(loaded: LoadedRunner, iterations: int | None = None, duration_s: float | None = None,
+                min_iterations: int = MIN_ITERATIONS) -> None:
+    """Append ``iterations`` timed calls (or as many as fit in ``duration_s``, at least
+    ``min_iterations``) to ``loaded.samples``; may be called repeatedly (interleaved sweeps)."""
+    runner, batch = loaded.runner, loaded.batch
+    samples, device = loaded.samples, loaded.device
+    has_device = hasattr(runner, "last_device_time_s")
+    infer = runner.infer  # bound once: the loop body stays one call and one append
+    if iterations is not None:
+        for _ in range(iterations):
+            infer(batch)
+            samples.append(runner.last_latency_s)
+            if has_device:
+                device.append(runner.last_device_time_s)  # type: ignore[attr-defined]
+        return
+    assert duration_s is not None
+    count = 0
+    deadline = time.perf_counter() + duration_s
+    while count < min_iterations or time.perf_counter() < deadline:
+        infer(batch)
+        samples.append(runner.last_latency_s)
+        if has_device:
+            device.append(runner.last_device_time_s)  # type: ignore[attr-defined]
+        count += 1
+
+
+def finish(loaded: LoadedRunner, cv_threshold: float = DEFAULT_CV_THRESHOLD, gpu: GpuMemoryProbe | None = None,
+           rss_scope: str | None = None, rss_added_mb: float | None = None) -> Measurement:
+    """Summarise the timed calls, read memory, close the runner."""
+    try:
         gpu_after = gpu.used_mb() if gpu else None
         torch_peak = gpu.torch_peak_mb() if gpu else None
-        info = runner.info
+        info = loaded.runner.info
         runner_info = {"backend": info.backend, "precision": info.precision, "device": info.device, **info.details}
     finally:
-        runner.close()
-
-    stats = summarize(samples)
-    n_images = int(batch.shape[0])  # type: ignore[union-attr]
+        loaded.runner.close()
+    stats = summarize(loaded.samples)
+    device = loaded.device
+    n_images = int(loaded.batch.shape[0])
+    peak = peak_rss_mb()
+    if rss_added_mb is None and loaded.rss_before_mb is not None:
+        rss_added_mb = peak - loaded.rss_before_mb
     return Measurement(
-        startup_s=t_first - t0,
-        load_s=t_loaded - t0,
-        first_infer_s=t_first - t_loaded,
-        warmup=warmup,
+        startup_s=loaded.startup_s,
+        load_s=loaded.load_s,
+        first_infer_s=loaded.first_infer_s,
+        warmup=loaded.warmup,
         latency=stats,
         device_latency=summarize(device) if device and all(math.isfinite(d) for d in device) else None,
         batch=n_images,
         throughput_ips=n_images * stats.n / stats.total_s if stats.total_s > 0 else float("nan"),
         cv_threshold=cv_threshold,
         unstable=is_unstable(stats, cv_threshold),
-        peak_rss_mb=peak_rss_mb(),
-        rss_before_mb=rss_before,
-        rss_scope=scope,
-        gpu_mem_mb=(gpu_after - gpu_before) if gpu_after is not None and gpu_before is not None else None,
+        peak_rss_mb=peak,
+        rss_before_mb=loaded.rss_before_mb,
+        rss_scope=rss_scope or loaded.rss_scope,
+        rss_added_mb=rss_added_mb,
+        gpu_mem_mb=(gpu_after - loaded.gpu_before_mb) if gpu_after is not None and loaded.gpu_before_mb is not None else None,
         torch_gpu_peak_mb=torch_peak,
         runner=runner_info,
-        samples_s=samples,
+        samples_s=list(loaded.samples),
     )
+
+
+def measure(
+    make_runner: Callable[[], Runner],
+    batch: np.ndarray | Callable[[Runner], np.ndarray],
+    warmup: int = DEFAULT_WARMUP,
+    iterations: int | None = None,
+    duration_s: float | None = None,
+    cv_threshold: float = DEFAULT_CV_THRESHOLD,
+    min_iterations: int = MIN_ITERATIONS,
+    gpu: GpuMemoryProbe | None = None,
+    on_runner: Callable[[Runner], None] | None = None,
+) -> Measurement:
+    """Load a runner, time its first result, warm it up, then time ``iterations`` calls or as many
+    as fit in ``duration_s`` (at least ``min_iterations``). The runner is closed before returning.
+    See :func:`load` for ``batch`` and ``on_runner``."""
+    iterations, duration_s = check_budget(warmup, iterations, duration_s)
+    loaded = load(make_runner, batch, warmup, gpu, on_runner)
+    try:
+        timed_calls(loaded, iterations, duration_s, min_iterations)
+    except BaseException:
+        loaded.runner.close()
+        raise
+    return finish(loaded, cv_threshold, gpu)
 
 
 def cpu_affinity() -> list[int]:

@@ -12,8 +12,9 @@ Schema ``vitdeploy-profile/1``
 * ``bundle``: path, name, source, spec, resolution mode, precisions present;
 * ``config``: the sweep request (resolutions, batches, precisions, backends, iterations or duration,
   warm-up, threads, device, CV threshold, ORT optimisation level, seed);
-* ``machine``: platform, CPU model, CPU count and affinity, threads, library versions, GPU name,
-  ``jetson`` (nvpmodel mode, jetson_clocks state) or null;
+* ``machine``: platform, CPU model, CPU count and affinity, threads, ``pinned_cpus`` (with --pin),
+  ``loadavg`` (other processes sharing the cores), library versions, GPU name, ``jetson``
+  (nvpmodel mode, jetson_clocks state) or null;
 * ``peaks``: the GEMM probes (device, dtype, library, n, threads, runs, best_s, gflops);
 * ``cost_model``: the counting convention, the attention/MLP crossover L = (2 + rho) d, params;
 * ``columns``: :data:`COLUMNS` (name -> meaning and unit);
@@ -273,6 +274,7 @@ class SweepProgress:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  console=console, transient=True)
         self.task: Any = None
+        self.round_task: Any = None
 
     def __enter__(self) -> "SweepProgress":
         self.progress.__enter__()
@@ -285,6 +287,11 @@ class SweepProgress:
         if self.task is None:
             self.task = self.progress.add_task("profiling", total=total)
         self.progress.update(self.task, description=f"profiling {cell.label}")
+
+    def on_round(self, index: int, total: int) -> None:
+        if self.round_task is None:
+            self.round_task = self.progress.add_task("timing cells in interleaved rounds", total=total)
+        self.progress.update(self.round_task, completed=index, description=f"round {index + 1}/{total}")
 
     def on_done(self, cell: Cell, row: dict[str, Any]) -> None:
         self.progress.advance(self.task)

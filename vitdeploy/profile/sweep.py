@@ -39,12 +39,18 @@ from . import gemm_probe, tegrastats
 from .measure import (
     DEFAULT_CV_THRESHOLD,
     DEFAULT_WARMUP,
+    MIN_ITERATIONS,
     GpuMemoryProbe,
+    LoadedRunner,
     Measurement,
     check_budget,
     cpu_affinity,
+    current_rss_mb,
     default_threads,
+    finish,
+    load,
     measure,
+    timed_calls,
 )
 
 BACKENDS = ("ort", "torch", "tensorrt")
@@ -61,6 +67,7 @@ class SweepConfig:
     backends: list[str] = field(default_factory=lambda: ["ort"])
     iterations: int | None = None  # fixed count, or
     duration_s: float | None = None  # time budget per cell (default 3 s when neither is given)
+    rounds: int | None = None  # interleave: every cell loaded, then its timed calls split over this many rounds
     warmup: int = DEFAULT_WARMUP
     threads: int | None = None  # intra-op threads for CPU backends; default: every CPU in the affinity mask
     pin: bool = False  # also restrict the process to the first `threads` CPUs of its affinity mask
@@ -166,6 +173,13 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
     if config.pin and not hasattr(os, "sched_setaffinity"):
         raise UserError("--pin needs CPU affinity control (Linux); run without --pin")
     check_budget(config.warmup, config.iterations, config.duration_s)
+    if config.rounds is not None:
+        if config.rounds < 2:
+            raise UserError(f"--rounds must be >= 2 (it splits each cell's timed calls into rounds), got {config.rounds}")
+        if config.duration_s is not None:
+            raise UserError("--rounds splits a fixed --iterations count over the rounds; it does not combine with --duration")
+        if config.iterations is not None and config.iterations < config.rounds:
+            raise UserError(f"--iterations {config.iterations} is fewer than --rounds {config.rounds}: each round times at least one call")
     if not config.cv_threshold > 0:
         raise UserError(f"the CV threshold must be > 0, got {config.cv_threshold}")
 
@@ -379,7 +393,7 @@ def _row(cell: Cell, cost: CostReport, graph: str | None, status: str, note: str
             "startup_s": m.startup_s,
             "load_s": m.load_s,
             "peak_rss_mb": m.peak_rss_mb,
-            "rss_added_mb": m.peak_rss_mb - m.rss_before_mb if m.rss_before_mb is not None else None,
+            "rss_added_mb": m.rss_added_mb,
             "rss_scope": m.rss_scope,
             "gpu_mem_mb": m.gpu_mem_mb,
             "achieved_gflops": gflops,
@@ -401,8 +415,10 @@ def run_sweep(
     config: SweepConfig,
     on_start: Callable[[Cell, int, int], None] | None = None,
     on_done: Callable[[Cell, dict[str, Any]], None] | None = None,
+    on_round: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
-    """Plan, probe the machine's GEMM peak, then measure every cell in order."""
+    """Plan, probe the machine's GEMM peak, then measure every cell: one after the other, or with
+    ``config.rounds`` all loaded and timed in interleaved rounds (``on_round(r, rounds)`` per round)."""
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     t_start = time.perf_counter()
     cells = plan_cells(bundle, config)
@@ -428,18 +444,20 @@ def run_sweep(
         # Probed under the same pinning as the cells, so the peak is that of the cores they run on.
         peaks = gemm_probe.measure_peaks(threads, set(backends), cuda, budget_s=config.probe_budget_s)
         pinned_to = cpu_affinity()
-        for i, cell in enumerate(cells):
-            if on_start:
-                on_start(cell, i, len(cells))
-            ch, cw = model_size or (cell.height, cell.width)
-            cost = vit_costs(spec, ch, cw, cell.batch)
-            if cell.skip_reason:
-                row = _row(cell, cost, None, "skipped", cell.skip_reason)
-            else:
-                row = _run_cell(bundle, cell, config, threads, cost, peaks, gpu, tegra_exe, pre)
-            rows.append(row)
-            if on_done:
-                on_done(cell, row)
+        costs = [vit_costs(spec, *(model_size or (c.height, c.width)), c.batch) for c in cells]
+        if config.rounds:
+            rows = _run_interleaved(bundle, cells, costs, config, threads, peaks, gpu, tegra_exe, pre, on_start, on_done, on_round)
+        else:
+            for i, (cell, cost) in enumerate(zip(cells, costs)):
+                if on_start:
+                    on_start(cell, i, len(cells))
+                if cell.skip_reason:
+                    row = _row(cell, cost, None, "skipped", cell.skip_reason)
+                else:
+                    row = _run_cell(bundle, cell, config, threads, cost, peaks, gpu, tegra_exe, pre)
+                rows.append(row)
+                if on_done:
+                    on_done(cell, row)
 
     first_cost = vit_costs(spec, *(model_size or (cells[0].height, cells[0].width)), 1)
     return SweepResult(
@@ -466,6 +484,75 @@ def run_sweep(
         started=started,
         wall_s=time.perf_counter() - t_start,
     )
+
+
+def _failure_note(exc: BaseException) -> str:
+    if isinstance(exc, VitDeployError):
+        return str(exc)
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else ''}"
+
+
+def _run_interleaved(bundle: Bundle, cells: list[Cell], costs: list[CostReport], config: SweepConfig, threads: int,
+                     peaks: list[gemm_probe.PeakProbe], gpu: GpuMemoryProbe | None, tegra_exe: str | None,
+                     pre: dict[str, Any], on_start: Callable[..., None] | None, on_done: Callable[..., None] | None,
+                     on_round: Callable[[int, int], None] | None) -> list[dict[str, Any]]:
+    """Load every cell's runner (start-up and memory measured one at a time), then time the cells in
+    rounds, forward and backward in turn (A B C, C B A, ...): load from other processes, clock and
+    thermal drift fall on every cell alike, so cells compare fairly on a shared or throttling
+    machine. Each block starts with one untimed call, so a cell is timed warm, as in the sequential
+    mode, not right after another model evicted its weights from the caches. Peak RSS is then that
+    of the whole sweep (all runners resident); ``rss_added_mb`` is what each runner added when it
+    was loaded."""
+    rounds = int(config.rounds or 2)
+    total = config.iterations if config.iterations is not None else max(MIN_ITERATIONS, rounds)
+    blocks = [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
+    rows: list[dict[str, Any] | None] = [None] * len(cells)
+    loaded: dict[int, tuple[LoadedRunner, str, float | None]] = {}
+    for i, (cell, cost) in enumerate(zip(cells, costs)):
+        if on_start:
+            on_start(cell, i, len(cells))
+        if cell.skip_reason:
+            rows[i] = _row(cell, cost, None, "skipped", cell.skip_reason)
+            continue
+        graph = None
+        try:
+            make, graph = runner_factory(bundle, cell, config, threads)
+            lr = load(make, lambda r, c=cell: synthetic_batch(r.inputs()[0], pre, c.batch, c.height, c.width, config.seed),
+                      warmup=config.warmup, gpu=gpu, on_runner=lambda r, c=cell: _check_shape(r, c))
+            after = current_rss_mb()
+            loaded[i] = (lr, graph, after - lr.rss_before_mb if after is not None and lr.rss_before_mb is not None else None)
+        except _SkipCell as exc:
+            rows[i] = _row(cell, cost, graph, "skipped", str(exc))
+        except Exception as exc:  # one cell's load failure must not end the sweep
+            rows[i] = _row(cell, cost, graph, "failed", _failure_note(exc))
+    sampler = tegrastats.TegrastatsSampler(tegra_exe, config.tegrastats_interval_ms) if tegra_exe else None
+    with sampler if sampler is not None else contextlib.nullcontext():
+        for r, block in enumerate(blocks):
+            if on_round:
+                on_round(r, rounds)
+            order = sorted(loaded) if r % 2 == 0 else sorted(loaded, reverse=True)
+            for i in order:
+                try:
+                    lr = loaded[i][0]
+                    lr.runner.infer(lr.batch)  # untimed: re-warms caches and thread pools after the switch
+                    timed_calls(lr, iterations=block)
+                except Exception as exc:
+                    lr, graph, _ = loaded.pop(i)
+                    lr.runner.close()
+                    rows[i] = _row(cells[i], costs[i], graph, "failed", _failure_note(exc))
+    tegra = sampler.summary() if sampler is not None else None
+    for i, (lr, graph, added) in sorted(loaded.items()):
+        m = finish(lr, config.cv_threshold, gpu, rss_scope="sweep", rss_added_mb=added)
+        peak = gemm_probe.peak_for(peaks, m.runner.get("device", "cpu"), cells[i].precision)
+        note = f"unstable: CV {m.latency.cv:.0%} > {config.cv_threshold:.0%}" if m.unstable else ""
+        # tegrastats ran over the whole interleaved phase: the same sweep-wide summary on every row
+        rows[i] = _row(cells[i], costs[i], graph, "ok", note, m, peak, tegra)
+    out = [row for row in rows if row is not None]
+    if on_done:
+        for cell, row in zip(cells, out):
+            on_done(cell, row)
+    return out
 
 
 @contextlib.contextmanager
@@ -509,8 +596,7 @@ def _run_cell(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int, cos
     except VitDeployError as exc:
         return _row(cell, cost, graph, "failed", str(exc))
     except Exception as exc:  # a runtime error (ORT, torch, TensorRT) in one cell must not end the sweep
-        first = str(exc).strip().splitlines()
-        return _row(cell, cost, graph, "failed", f"{type(exc).__name__}: {first[0] if first else ''}")
+        return _row(cell, cost, graph, "failed", _failure_note(exc))
     peak = gemm_probe.peak_for(peaks, m.runner.get("device", "cpu"), cell.precision)
     note = f"unstable: CV {m.latency.cv:.0%} > {config.cv_threshold:.0%}" if m.unstable else ""
     return _row(cell, cost, graph, "ok", note, m, peak, tegra)
