@@ -107,7 +107,7 @@ def gpu_sweep(args: argparse.Namespace) -> list[dict]:
 def print_table(report: dict) -> None:
     m = report["machine"]
     print(f"\n{report['bundle']['name']} on {m.get('gpu') or m.get('cpu')} ({m['threads']} threads, load {m.get('loadavg')})")
-    print("| backend | precision | size | batch | p50 ms | p90 ms | CV | img/s | GMAC/call | GFLOP/s | % of GEMM peak | attention share | start-up s | peak RSS MiB |")
+    print("| backend | precision | size | batch | p50 ms | p90 ms | CV | img/s | GMAC/call | GFLOP/s | % of GEMM peak | attention share | start-up s | RSS added MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in report["cells"]:
         if c["status"] != "ok":
@@ -116,9 +116,12 @@ def print_table(report: dict) -> None:
         print(f"| {c['backend']} | {c['precision']} | {c['height']} | {c['batch']} | {c['p50_ms']:.1f} | {c['p90_ms']:.1f} | "
               f"{c['cv']:.1%}{' (unstable)' if c['unstable'] else ''} | {c['throughput_ips']:.2f} | {c['macs'] / 1e9:.2f} | "
               f"{c['achieved_gflops']:.1f} | {c['peak_share']:.0%} | {c['attention_share']:.1%} | {c['startup_s']:.2f} | "
-              f"{c['peak_rss_mb']:.0f} |")
+              f"{c['rss_added_mb']:.0f} |")
     peaks = ", ".join(f"{p['library']} {p['gflops']:.0f} GFLOP/s" for p in report["peaks"])
     print(f"GEMM peak probes: {peaks}; attention/MLP crossover L = {report['cost_model']['crossover_seq_len']:.0f}")
+    rss = max((c["peak_rss_mb"] for c in report["cells"] if c.get("peak_rss_mb")), default=None)
+    if rss is not None:
+        print(f"peak RSS of the process: {rss:.0f} MiB ({report['cells'][0].get('rss_scope')} scope); wall {report['wall_s']:.0f} s")
 
 
 def main() -> int:

@@ -210,10 +210,17 @@ def _same_decades(ax: Any, twin: Any, values: list[float], cost: list[float]) ->
     lo, hi = min(values), max(values)
     cmin, cmax = min(cost), max(cost)
     span = max(hi / lo, cmax / cmin) * 1.3
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")  # 200, not 2 x 10^2
+    # minor ticks: label only 2x and 5x a power of ten, or a short axis fills with numbers
+    sparse = FuncFormatter(lambda v, _pos: f"{v:g}" if f"{v:.0e}"[0] in "25" else "")
     for axis, a, b in ((ax, lo, hi), (twin, cmin, cmax)):
         centre = math.sqrt(a * b)
         axis.set_yscale("log")
         axis.set_ylim(centre / math.sqrt(span), centre * math.sqrt(span))
+        axis.yaxis.set_major_formatter(plain)
+        axis.yaxis.set_minor_formatter(sparse)
 
 
 # -- terminal ----------------------------------------------------------------------------------
