@@ -24,13 +24,11 @@ FAST = ["--iterations", "3", "--warmup", "1", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
-def tiny_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny reference ViT (random weights) exported by vitdeploy's exporter with a dynamic H/W,
-    plus an int8 graph so the matrix has two precisions."""
+def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny reference ViT checkpoint (random weights): tiny.safetensors + tiny.json."""
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
-    from vitdeploy.exporters import ExportOptions, export
     from vitdeploy.model import VisionTransformer
 
     work = tmp_path_factory.mktemp("profile")
@@ -44,8 +42,17 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "preprocessing": {"mean": [0.5] * 3, "std": [0.5] * 3, "scale": "1/255"},
         "labels": [str(i) for i in range(SPEC.num_classes)],
     }))
-    root = work / "tiny"
-    export(f"ref:{work / 'tiny.safetensors'}", root, ExportOptions(dynamic_resolution=True, check=False, simplify=False))
+    return work / "tiny.safetensors"
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tiny_weights: Path) -> Path:
+    """The tiny ViT exported by vitdeploy's exporter with a dynamic H/W, plus an int8 graph so the
+    matrix has two precisions."""
+    from vitdeploy.exporters import ExportOptions, export
+
+    root = tiny_weights.parent / "tiny"
+    export(f"ref:{tiny_weights}", root, ExportOptions(dynamic_resolution=True, check=False, simplify=False))
     # int8 weights through ORT's dynamic quantisation (MatMulInteger): enough for a second precision
     # in the matrix; accuracy is not what this test is about.
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -114,6 +121,24 @@ def test_torch_backend_beside_ort(tiny_bundle: Path, tmp_path: Path):
     assert all(r["device"] == "cpu" and r["threads"] == 1 and r["p50_ms"] > 0 for r in torch_rows)
     ort_macs = {r["height"]: r["macs"] for r in rows if r["backend"] == "ort"}
     assert all(r["macs"] == ort_macs[r["height"]] for r in rows)  # the cost model does not depend on the backend
+
+
+def test_static_graph_is_reexported_per_resolution_and_cached(tiny_weights: Path):
+    from vitdeploy.exporters import ExportOptions, export
+
+    root = tiny_weights.parent / "tiny-static"
+    export(f"ref:{tiny_weights}", root, ExportOptions(check=False, simplify=False))  # static 32x32
+    args = ["profile", str(root), "--resolutions", "32,48", "--no-plot", *FAST]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    rows = json.loads((root / "reports" / "profile.json").read_text())["cells"]
+    graphs = {r["height"]: r["graph"] for r in rows}
+    assert graphs[32] == "model.onnx"  # the native size runs the bundle's own graph
+    assert graphs[48].startswith("variants/") and (root / graphs[48]).is_file()  # 48x48: re-exported, table interpolated
+    assert all(r["status"] == "ok" for r in rows)
+    cached = (root / graphs[48]).stat().st_mtime_ns
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert (root / graphs[48]).stat().st_mtime_ns == cached  # the second profile reuses the cached variant
 
 
 def test_library_sweep_skips_impossible_cells_with_a_reason(tiny_bundle: Path):
