@@ -23,6 +23,17 @@ def _has_gpu() -> bool:
 HAS_GPU = _has_gpu()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The reference models in these tests are small: one torch thread beats two on this 2-core
+    # machine, where ONNX Runtime's spinning pool and torch's OpenMP pool otherwise contend
+    # (measured: the digits model at batch 16 took 20 ms on one thread, 250 ms on two under load).
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_GPU:
         return
