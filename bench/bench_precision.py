@@ -11,8 +11,8 @@ Accuracy: the bundled digits model (``builtin:digits``) on its held-out test spl
 int8 in reference semantics (fake-quant, "basic") and on this CPU's int8 kernels ("all"), each
 calibrated with the defaults of ``vitdeploy calibrate``.
 
-    .venv/bin/python bench/bench_precision.py                       # ~4 min on 2 cores
-    .venv/bin/python bench/bench_precision.py --runs 40 --json precision.json --work /tmp/bp
+    .venv/bin/python bench/bench_precision.py                       # ~3 min on 2 cores (1 ORT thread)
+    .venv/bin/python bench/bench_precision.py --threads 2 --runs 40 --json precision.json --work /tmp/bp
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def main() -> int:
     p.add_argument("--batches", default="1,8")
     p.add_argument("--runs", type=int, default=30, help="timed calls per graph and batch (interleaved)")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads (1: stable on a shared machine)")
     p.add_argument("--calib-samples", type=int, default=64, help="random images calibrating the ViT-S int8 graphs (latency only)")
     p.add_argument("--method", default="entropy", help="calibration method for every int8 graph")
     p.add_argument("--work", type=Path, default=Path("/tmp/vitdeploy-bench-precision"))

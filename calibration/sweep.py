@@ -8,7 +8,8 @@ top-1 agreement with fp32) and timed on this CPU at batch 1.
 Choice among the candidates that pass the gate (in the execution the target runs):
 
 * ``tensorrt``: the most layers in INT8 (what makes a TensorRT engine fast; this CPU's latency does
-  not predict a GPU's), then the highest agreement with fp32, then accuracy, then latency;
+  not predict a GPU's), then the highest agreement with fp32, then accuracy; a full tie goes to the
+  earlier candidate (methods in the order given, so ``entropy`` first by default);
 * ``cpu``: the fastest on this CPU, where candidates within 5% of the fastest count as equally fast
   (timing noise), then agreement, accuracy and INT8 coverage.
 """
@@ -132,7 +133,9 @@ def choose(candidates: list[Candidate], target: str) -> Candidate | None:
         return (s["top1_agreement"], s["accuracy"] if s["accuracy"] is not None else 0.0)
 
     if target == "tensorrt":
-        return max(ok, key=lambda c: (c.int8_layers, *quality(c), -c.latency_ms))
+        # this CPU's latency says nothing about a GPU: full ties go to the earlier candidate
+        # (methods in the order given, presets in PRESETS order), so the choice is reproducible
+        return max(ok, key=lambda c: (c.int8_layers, *quality(c)))
     fastest = min(c.latency_ms for c in ok)
     tier = [c for c in ok if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
     return max(tier, key=lambda c: (*quality(c), c.int8_layers, -c.latency_ms))
@@ -140,7 +143,7 @@ def choose(candidates: list[Candidate], target: str) -> Candidate | None:
 
 def choice_rule(target: str) -> str:
     if target == "tensorrt":
-        return "within the gate (reference execution): most INT8 layers, then agreement, accuracy, latency"
+        return "within the gate (reference execution): most INT8 layers, then agreement, accuracy; ties to the earlier method"
     return f"within the gate (this CPU's int8 kernels): fastest (ties within {LATENCY_TIE:.0%}), then agreement, accuracy, INT8 layers"
 
 

@@ -67,6 +67,8 @@ def test_choice_rule_per_target() -> None:
     tie = _cand("patch-embed+head", 36, 0.999, 0.99, 0.82)  # within 5% of the fastest: agreement decides
     assert choose([partial, tie], "cpu") is partial
     assert choose([failing], "tensorrt") is None
+    first, same_but_faster = _cand("none", 38, 1.0, 0.99, 0.9), _cand("none", 38, 1.0, 0.99, 0.3)
+    assert choose([first, same_but_faster], "tensorrt") is first  # a full tie is not decided by CPU noise
 
 
 def test_exclusion_names_are_validated() -> None:
