@@ -45,7 +45,7 @@ def ensure_export(work: Path, source: str, name: str) -> Bundle:
     return export(source, target, ExportOptions(check_images=4))
 
 
-def ensure_precisions(bundle: Bundle, calib: str | None, samples: int, method: str) -> dict[str, Path]:
+def ensure_precisions(bundle: Bundle, calib: str | None, samples: int, method: str | None) -> dict[str, Path]:
     """fp16 and the two int8 graphs next to the fp32 one (int8 graphs kept under distinct names)."""
     import shutil
 
@@ -92,7 +92,7 @@ def latency_table(paths: dict[str, Path], size: int, batches: list[int], runs: i
     return rows
 
 
-def digits_accuracies(work: Path, method: str) -> dict:
+def digits_accuracies(work: Path, method: str | None) -> dict:
     import shutil
 
     from vitdeploy.builtin import load_digits_split
@@ -107,7 +107,9 @@ def digits_accuracies(work: Path, method: str) -> dict:
         record = calibrate_bundle(bundle.root, CalibrateOptions(method=method, target=target))
         shutil.copyfile(bundle.root / "model.int8.onnx", bundle.root / f"int8-{target}.onnx")
         ev = record["evaluation"]
-        out[f"int8 ({target} graph)"] = {"reference": ev["reference"]["accuracy"], "this_cpu": ev["this_cpu"]["accuracy"],
+        out[f"int8 ({target} graph)"] = {"method": record["method"], "exclusions": record["selection"]["chosen"]["exclusions"],
+                                         "reference": ev["reference"]["accuracy"], "this_cpu": ev["this_cpu"]["accuracy"],
+                                         "cosine_reference": ev["reference"]["cosine_min"], "cosine_this_cpu": ev["this_cpu"]["cosine_min"],
                                          "agreement_reference": ev["reference"]["top1_agreement"],
                                          "agreement_this_cpu": ev["this_cpu"]["top1_agreement"],
                                          "calibration": {k: record["calibration"][k] for k in ("source", "count", "sha256")}}
@@ -138,7 +140,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads (1: stable on a shared machine)")
     p.add_argument("--calib-samples", type=int, default=64, help="random images calibrating the ViT-S int8 graphs (latency only)")
-    p.add_argument("--method", default="entropy", help="calibration method for every int8 graph")
+    p.add_argument("--method", default=None, help="calibration method of every int8 graph (default: calibrate's own: entropy, "
+                   "and on the digits model the first recipe of its ladder inside the gate)")
     p.add_argument("--work", type=Path, default=Path("/tmp/vitdeploy-bench-precision"))
     p.add_argument("--skip-digits", action="store_true")
     p.add_argument("--json", type=Path)
@@ -163,14 +166,15 @@ def main() -> int:
     for r in rows:
         print(f"| {r['graph']} | {r['batch']} | {r['median_ms']:.1f} | {r['p90_ms']:.1f} | {r['per_image_ms']:.1f} | {r['vs_fp32']:.2f}x |")
     if accuracy:
-        print(f"\ndigits test split ({accuracy['test_images']} images), method {args.method}:\n")
-        print("| graph | accuracy (reference, fake-quant) | accuracy (this CPU) | top-1 agreement ref / CPU |")
-        print("|---|---:|---:|---:|")
-        print(f"| fp32 | {accuracy['fp32']:.2%} | {accuracy['fp32']:.2%} | - |")
-        print(f"| fp16 | {accuracy['fp16']:.2%} | {accuracy['fp16']:.2%} | - |")
+        print(f"\ndigits test split ({accuracy['test_images']} images):\n")
+        print("| graph | recipe | accuracy (reference, fake-quant) | accuracy (this CPU) | top-1 agreement ref / CPU | worst logit cosine ref / CPU |")
+        print("|---|---|---:|---:|---:|---:|")
+        print(f"| fp32 | - | {accuracy['fp32']:.2%} | {accuracy['fp32']:.2%} | - | - |")
+        print(f"| fp16 | - | {accuracy['fp16']:.2%} | {accuracy['fp16']:.2%} | - | - |")
         for key in ("int8 (tensorrt graph)", "int8 (cpu graph)"):
             a = accuracy[key]
-            print(f"| {key} | {a['reference']:.2%} | {a['this_cpu']:.2%} | {a['agreement_reference']:.2%} / {a['agreement_this_cpu']:.2%} |")
+            print(f"| {key} | {a['method']}, exclusions {a['exclusions']} | {a['reference']:.2%} | {a['this_cpu']:.2%} | "
+                  f"{a['agreement_reference']:.2%} / {a['agreement_this_cpu']:.2%} | {a['cosine_reference']:.4f} / {a['cosine_this_cpu']:.4f} |")
     print(f"\nCPU: {info['cpu']}\nload average start {info['load_average_at_start']} end {info['load_average_at_end']}")
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "latency": rows, "digits": accuracy, "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))

@@ -19,9 +19,9 @@ from vitdeploy.errors import CheckFailed, UserError
 from vitdeploy.fileio import atomic_path, sha256_file
 from vitdeploy.lazy import require
 
-from .evaluate import GATED_EXECUTION, Gate, graph_logits, latency_ms, load_eval_data, score_graph
+from .evaluate import GATED_EXECUTION, Gate, graph_logits, latency_ms, load_eval_data
 from .exclusions import Exclusions, resolve
-from .qdq import METHODS, Recipe, check_sample_count, compute_ranges, quantize_graph
+from .qdq import METHODS, MIN_SAMPLES, Recipe, check_sample_count, compute_ranges, quantize_graph
 from .sources import open_source
 
 DEFAULT_METHOD = "entropy"
@@ -32,7 +32,7 @@ DEFAULT_SAMPLES = 512
 class CalibrateOptions:
     data: str | None = None  # calibration images; default: the bundled model's training split
     samples: int | None = DEFAULT_SAMPLES
-    method: str = DEFAULT_METHOD
+    method: str | None = None  # None: the ladder (entropy first), when there is data to gate on
     exclusions: Exclusions = Exclusions()
     target: str = "tensorrt"
     eval_data: str | None = None  # labelled held-out images; default: the bundled model's test split
@@ -52,7 +52,7 @@ def calibrate_bundle(
 ) -> dict[str, Any]:
     """Calibrate, quantize, score and record ``model.int8.onnx``; returns its manifest record."""
     opts = options or CalibrateOptions()
-    Recipe(opts.method, opts.target)  # validate method/target before any work
+    Recipe(opts.method or DEFAULT_METHOD, opts.target)  # validate method/target before any work
     for method in opts.sweep_methods if opts.sweep else ():
         Recipe(method, opts.target)
     if opts.sweep and not opts.sweep_methods:
@@ -66,9 +66,6 @@ def calibrate_bundle(
     # unknown module names fail now, not after minutes of calibration
     resolve(require("onnx").load(str(fp32), load_external_data=False), bundle.manifest.get("graph") or {}, opts.exclusions)
     source = open_source(opts.data, bundle, opts.samples)
-    methods = opts.sweep_methods if opts.sweep else (opts.method,)
-    for method in methods:
-        check_sample_count(source, method)
     if opts.samples and len(source) < opts.samples:
         log(f"{source.name} holds {len(source)} images (fewer than --samples {opts.samples}); using all of them")
     log(f"calibration data: {source.name}, {len(source)} images at {source.size[0]}x{source.size[1]} (sha256 {source.sha256[:12]})")
@@ -78,47 +75,72 @@ def calibrate_bundle(
     if opts.sweep and (data is None or data.labels is None):
         raise UserError("--sweep scores each recipe on labelled held-out images: pass --eval-data DIR/<class>/<image> "
                         "(or a bundle of the builtin digits model, which has its own test split)")
+    # sweep: every recipe; ladder (no --method, data to gate on): the first recipe in the gate;
+    # single: exactly the recipe asked for
+    mode = "sweep" if opts.sweep else ("ladder" if opts.method is None and data is not None else "single")
+    if mode == "sweep":
+        methods = tuple(opts.sweep_methods)
+    elif mode == "ladder":
+        from .sweep import LADDER_METHODS
+
+        methods = tuple(m for m in LADDER_METHODS if len(source) >= MIN_SAMPLES[m]) or (DEFAULT_METHOD,)
+    else:
+        methods = (opts.method or DEFAULT_METHOD,)
+    for method in methods:
+        check_sample_count(source, method)
 
     start = time.perf_counter()
     execution = GATED_EXECUTION[opts.target]
     with tempfile.TemporaryDirectory(prefix="vitdeploy-int8.") as tmp:
         work = Path(tmp)
-        fp32_logits = fp32_accuracy = None
-        if data is not None:
-            fp32_logits = graph_logits(fp32, data.images, "all", opts.threads)
-            if data.labels is not None:
-                fp32_accuracy = float((fp32_logits.argmax(1) == data.labels).mean())
-        sweep_record = None
-        if opts.sweep:
-            from .sweep import choice_rule, choose, render_table, run_sweep
-
-            candidates = run_sweep(fp32, source, data, fp32_logits, fp32_accuracy, opts.target, bundle.manifest, work,
-                                   opts.gate, opts.exclusions, tuple(opts.sweep_methods), threads=opts.threads, log=log,
-                                   progress=progress)
-            best = choose(candidates, opts.target)
-            fp32_ms = latency_ms(fp32, data.images[:1], "all", threads=opts.threads)
-            if show_table is not None:
-                show_table(render_table(candidates, best, fp32_accuracy, fp32_ms, opts.target))
-            sweep_record = {"rule": choice_rule(opts.target), "fp32_latency_ms_batch1": round(fp32_ms, 3),
-                            "candidates": [c.row() for c in candidates]}
-            if best is None:
-                raise CheckFailed(f"no recipe of the sweep passes the gate ({_gate_text(opts.gate)} in the {execution} execution); "
-                                  "nothing was written - try more calibration images or --exclude-blocks")
-            sweep_record["chosen"] = {"method": best.recipe.method, "exclusions": best.preset}
-            recipe, graph, calibration, quantization, scores = best.recipe, best.path, best.calibration, best.quantization, best.scores
-        else:
-            recipe = Recipe(opts.method, opts.target, opts.exclusions)
+        selection: dict[str, Any] | None = None
+        if data is None:  # nothing to score on: the one recipe, recorded as not measured
+            recipe = Recipe(methods[0], opts.target, opts.exclusions)
             ranges = work / "ranges.json"
-            calibration = compute_ranges(fp32, source, opts.method, opts.target, ranges, progress)
-            log(f"calibrated ({opts.method}) in {calibration['seconds']:.1f} s")
+            calibration = compute_ranges(fp32, source, recipe.method, opts.target, ranges, progress)
+            log(f"calibrated ({recipe.method}) in {calibration['seconds']:.1f} s")
             graph = work / "model.int8.onnx"
             quantization = quantize_graph(fp32, graph, ranges, recipe, bundle.manifest)
-            scores = score_graph(graph, data, fp32_logits, opts.threads) if data is not None else None
+            evaluation = None
+        else:
+            from .sweep import Trials, choice_rule, choose, render_table, run_ladder, run_sweep
 
-        evaluation = _evaluation(data, fp32_accuracy, scores, opts.gate, execution)
-        if evaluation and not evaluation["gate"]["passed"]:
-            raise CheckFailed(f"INT8 graph below the gate: {'; '.join(evaluation['gate']['failures'])} "
-                              f"({execution} execution on {data.name}); nothing was written - try --sweep or exclusions")
+            fp32_logits = graph_logits(fp32, data.images, "all", opts.threads)
+            fp32_accuracy = float((fp32_logits.argmax(1) == data.labels).mean()) if data.labels is not None else None
+            trials = Trials(fp32, source, data, fp32_logits, fp32_accuracy, opts.target, bundle.manifest, work, opts.gate,
+                            threads=opts.threads, measure_latency=(mode == "sweep"), log=log, progress=progress)
+            if mode == "sweep":
+                run_sweep(trials, opts.exclusions, methods)
+                best = choose(trials.candidates, opts.target)
+                fp32_ms = latency_ms(fp32, data.images[:1], "all", threads=opts.threads)
+                if show_table is not None:
+                    show_table(render_table(trials.candidates, best, fp32_accuracy, fp32_ms, opts.target))
+                selection = {"mode": "sweep", "rule": choice_rule(opts.target), "fp32_latency_ms_batch1": round(fp32_ms, 3)}
+            elif mode == "ladder":
+                from .sweep import LADDER_PRESETS
+
+                best = run_ladder(trials, opts.exclusions, methods)
+                selection = {"mode": "ladder", "rule": f"first inside the gate of: exclusions {', '.join(LADDER_PRESETS)} x methods "
+                             f"{', '.join(methods)} (most INT8 layers first)"}
+            else:
+                cand = trials.run(opts.exclusions.label, Recipe(methods[0], opts.target, opts.exclusions))
+                best = cand if cand is not None and cand.passed else None
+                selection = {"mode": "single"}
+            selection["candidates"] = [c.row() for c in trials.candidates]
+            if best is None:
+                tried = trials.candidates[-1] if trials.candidates else None
+                why = "; ".join(tried.failures) if tried else "no candidate"
+                hint = {"single": "leave --method unset (calibrate then tries other methods and exclusions) or use --sweep",
+                        "ladder": "use --sweep to see every recipe, or more calibration images",
+                        "sweep": "try more calibration images or --exclude-blocks"}[mode]
+                raise CheckFailed(f"INT8 graph below the gate ({_gate_text(opts.gate)}, {execution} execution on {data.name}): "
+                                  f"{why}; nothing was written - {hint}")
+            selection["chosen"] = {"method": best.recipe.method, "exclusions": best.preset}
+            if len(trials.candidates) > 1:
+                log(f"chose {best.recipe.method} / exclusions {best.preset} ({len(trials.candidates)} recipes tried)")
+            recipe, graph, calibration, quantization = best.recipe, best.path, best.calibration, best.quantization
+            evaluation = _evaluation(data, fp32_accuracy, best.scores, opts.gate, execution)
+
         record = {
             "precision": "int8",
             "target": opts.target,
@@ -138,8 +160,8 @@ def calibrate_bundle(
             from .cpu_int8 import cpu_features
 
             record["calibrated_on_cpu"] = cpu_features()
-        if sweep_record is not None:
-            record["sweep"] = sweep_record
+        if selection is not None:
+            record["selection"] = selection
         dst = bundle.root / ARTIFACT_FILES["int8"]
         with atomic_path(dst) as tmp_dst:
             shutil.copyfile(graph, tmp_dst)
@@ -161,4 +183,5 @@ def _evaluation(data: Any, fp32_accuracy: float | None, scores: dict[str, Any] |
 
 
 def _gate_text(gate: Gate) -> str:
-    return f"accuracy drop <= {gate.max_drop_points:g} points, top-1 agreement >= {gate.min_agreement:.0%}"
+    return (f"accuracy drop <= {gate.max_drop_points:g} points, top-1 agreement >= {gate.min_agreement:.0%}, "
+            f"worst logit cosine >= {gate.min_cosine:g}")

@@ -125,6 +125,18 @@ class _Batches:
         return None if batch is None else {self.input_name: batch}
 
 
+def _chunks(batches: list[Any]) -> list[list[Any]]:
+    """Groups of up to BATCHES_PER_COLLECT batches of one shape: ORT's histogram collector stacks
+    the outputs of one collect_data call, so a shorter last batch must go in a call of its own."""
+    groups: list[list[Any]] = []
+    for batch in batches:
+        if groups and len(groups[-1]) < BATCHES_PER_COLLECT and groups[-1][0].shape == batch.shape:
+            groups[-1].append(batch)
+        else:
+            groups.append([batch])
+    return groups
+
+
 def check_sample_count(source: CalibrationSource, method: str) -> None:
     need = MIN_SAMPLES[method]
     if len(source) < need:
@@ -160,10 +172,8 @@ def compute_ranges(
                 calibrate_method=_method_enum(quant, method),
                 extra_options=options,
             )
-        batches = list(source.batches(CALIBRATION_BATCH))
         done = 0
-        for first in range(0, len(batches), BATCHES_PER_COLLECT):
-            chunk = batches[first : first + BATCHES_PER_COLLECT]
+        for chunk in _chunks(list(source.batches(CALIBRATION_BATCH))):
             with _quiet():
                 calibrator.collect_data(_Batches(input_name, chunk))
             done += sum(len(b) for b in chunk)

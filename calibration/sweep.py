@@ -1,4 +1,9 @@
-"""``vitdeploy calibrate --sweep``: try calibration methods x exclusion sets, keep the best in the gate.
+"""Candidate recipes for ``vitdeploy calibrate``: the exhaustive ``--sweep`` and the default ladder.
+
+``--sweep`` tries calibration methods x exclusion sets and keeps the best in the gate. Without
+``--method`` and ``--sweep``, calibrate climbs a ladder instead (:func:`run_ladder`): the recipes
+keeping the most layers in INT8 first, each with entropy, percentile, minmax, and the first one
+inside the gate wins (usually the first tried).
 
 Ranges are calibrated once per method (the expensive part) and reused for every exclusion set, since
 calibrating every MatMul/Gemm/Conv input covers any subset of them. Each candidate graph is scored on
@@ -61,9 +66,9 @@ class Candidate:
             "exclusions": self.preset,
             "excluded_nodes": len(self.quantization["excluded_nodes"]),
             "int8_layers": self.int8_layers,
-            "reference": {k: self.scores["reference"][k] for k in ("accuracy", "top1_agreement")},
-            "this_cpu": {k: self.scores["this_cpu"][k] for k in ("accuracy", "top1_agreement")},
-            "latency_ms_batch1": round(self.latency_ms, 3),
+            "reference": {k: self.scores["reference"][k] for k in ("accuracy", "top1_agreement", "cosine_min")},
+            "this_cpu": {k: self.scores["this_cpu"][k] for k in ("accuracy", "top1_agreement", "cosine_min")},
+            "latency_ms_batch1": None if self.latency_ms != self.latency_ms else round(self.latency_ms, 3),
             "passed": self.passed,
             "failures": self.failures,
         }
@@ -76,50 +81,75 @@ def merge(user: Exclusions, preset: Exclusions) -> Exclusions:
     return Exclusions(union(user.op_types, preset.op_types), union(user.blocks, preset.blocks), union(user.roles, preset.roles))
 
 
-def run_sweep(
-    fp32_path: Path,
-    source: CalibrationSource,
-    data: EvalData,
-    fp32_logits: np.ndarray,
-    fp32_accuracy: float | None,
-    target: str,
-    manifest: dict[str, Any],
-    workdir: Path,
-    gate: Gate,
-    user_exclusions: Exclusions = Exclusions(),
-    methods: tuple[str, ...] = METHODS,
-    presets: dict[str, Exclusions] | None = None,
-    threads: int | None = None,
-    log: Callable[[str], None] = lambda _m: None,
-    progress: Callable[[int, int], None] | None = None,
-) -> list[Candidate]:
-    presets = presets or PRESETS
-    execution = GATED_EXECUTION[target]
-    probe = data.images[:1]
-    candidates: list[Candidate] = []
+class Trials:
+    """Builds and scores candidate recipes over one calibration source; ranges are calibrated once
+    per method (lazily) and reused by every exclusion set."""
+
+    def __init__(self, fp32_path: Path, source: CalibrationSource, data: EvalData, fp32_logits: np.ndarray,
+                 fp32_accuracy: float | None, target: str, manifest: dict[str, Any], workdir: Path, gate: Gate,
+                 threads: int | None = None, measure_latency: bool = True,
+                 log: Callable[[str], None] = lambda _m: None, progress: Callable[[int, int], None] | None = None):
+        self.fp32_path, self.source, self.data = fp32_path, source, data
+        self.fp32_logits, self.fp32_accuracy, self.target = fp32_logits, fp32_accuracy, target
+        self.manifest, self.workdir, self.gate, self.threads = manifest, workdir, gate, threads
+        self.measure_latency, self.log, self.progress = measure_latency, log, progress
+        self.execution = GATED_EXECUTION[target]
+        self.ranges: dict[str, tuple[Path, dict[str, Any]]] = {}
+        self.seen: set[tuple[str, tuple[str, ...]]] = set()
+        self.candidates: list[Candidate] = []
+
+    def _ranges(self, method: str) -> tuple[Path, dict[str, Any]]:
+        if method not in self.ranges:
+            path = self.workdir / f"ranges-{method}.json"
+            calibration = compute_ranges(self.fp32_path, self.source, method, self.target, path, self.progress)
+            self.log(f"calibrated {method} on {len(self.source)} images in {calibration['seconds']:.1f} s")
+            self.ranges[method] = (path, calibration)
+        return self.ranges[method]
+
+    def run(self, preset: str, recipe: Recipe) -> Candidate | None:
+        """Quantize, score and gate one recipe; None when it repeats an earlier one's layers."""
+        ranges, calibration = self._ranges(recipe.method)
+        out = self.workdir / f"{recipe.method}-{preset}.onnx"
+        quantization = quantize_graph(self.fp32_path, out, ranges, recipe, self.manifest)
+        key = (recipe.method, tuple(quantization["excluded_nodes"]))
+        if key in self.seen:  # e.g. "head" on a graph whose head the user already excluded
+            out.unlink()
+            return None
+        self.seen.add(key)
+        result = score_graph(out, self.data, self.fp32_logits, self.threads)
+        passed, failures = self.gate.verdict(self.fp32_accuracy, result[self.execution])
+        latency = latency_ms(out, self.data.images[:1], "all", runs=LATENCY_RUNS, threads=self.threads) if self.measure_latency else float("nan")
+        cand = Candidate(preset, recipe, out, quantization, calibration, result, latency, passed, failures)
+        self.candidates.append(cand)
+        s = result[self.execution]
+        self.log(f"  {recipe.method:10s} {preset:18s} int8 layers {cand.int8_layers:3d}  {_fmt(s['accuracy'])} acc  "
+                 f"{s['top1_agreement']:.2%} agree  worst cos {s['cosine_min']:.4f}  "
+                 f"{'ok' if passed else 'below gate: ' + '; '.join(failures)}")
+        return cand
+
+
+def run_sweep(trials: Trials, user_exclusions: Exclusions = Exclusions(), methods: tuple[str, ...] = METHODS,
+              presets: dict[str, Exclusions] | None = None) -> list[Candidate]:
+    """Every method x every exclusion set."""
     for method in methods:
-        ranges = workdir / f"ranges-{method}.json"
-        calibration = compute_ranges(fp32_path, source, method, target, ranges, progress)
-        log(f"calibrated {method} on {len(source)} images in {calibration['seconds']:.1f} s")
-        seen: set[tuple[str, ...]] = set()
-        for name, preset in presets.items():
-            recipe = Recipe(method, target, merge(user_exclusions, preset))
-            out = workdir / f"{method}-{name}.onnx"
-            quantization = quantize_graph(fp32_path, out, ranges, recipe, manifest)
-            key = tuple(quantization["excluded_nodes"])
-            if key in seen:  # e.g. "head" on a graph whose head is already excluded by the user
-                out.unlink()
-                continue
-            seen.add(key)
-            result = score_graph(out, data, fp32_logits, threads)
-            passed, failures = gate.verdict(fp32_accuracy, result[execution])
-            latency = latency_ms(out, probe, "all", runs=LATENCY_RUNS, threads=threads)
-            cand = Candidate(name, recipe, out, quantization, calibration, result, latency, passed, failures)
-            candidates.append(cand)
-            log(f"  {method:10s} {name:18s} int8 layers {cand.int8_layers:3d}  "
-                f"{_fmt(result[execution]['accuracy'])} acc  {result[execution]['top1_agreement']:.2%} agree  "
-                f"{latency:.2f} ms  {'ok' if passed else 'below gate'}")
-    return candidates
+        for name, preset in (presets or PRESETS).items():
+            trials.run(name, Recipe(method, trials.target, merge(user_exclusions, preset)))
+    return trials.candidates
+
+
+# The default `calibrate` (no --method): the most INT8 layers first, each with every method, and
+# the first recipe inside the gate wins. The common case costs one calibration.
+LADDER_PRESETS = ("none", "head", "patch-embed+head", "mlp-fc2", "attention-matmuls")
+LADDER_METHODS = ("entropy", "percentile", "minmax")
+
+
+def run_ladder(trials: Trials, user_exclusions: Exclusions = Exclusions(), methods: tuple[str, ...] = LADDER_METHODS) -> Candidate | None:
+    for name in LADDER_PRESETS:
+        for method in methods:
+            cand = trials.run(name, Recipe(method, trials.target, merge(user_exclusions, PRESETS[name])))
+            if cand is not None and cand.passed:
+                return cand
+    return None
 
 
 def choose(candidates: list[Candidate], target: str) -> Candidate | None:
@@ -154,13 +184,17 @@ def render_table(candidates: list[Candidate], best: Candidate | None, fp32_accur
     execution = GATED_EXECUTION[target]
     title = f"INT8 sweep ({target} target; gate on the {'reference fake-quant' if execution == 'reference' else 'this CPU int8'} execution)"
     table = Table(title=title)
-    for col in ("", "method", "excluded", "int8 layers", "acc (ref)", "agree (ref)", "acc (cpu)", "agree (cpu)", "ms b1 (cpu)", "gate"):
-        table.add_column(col, justify="right" if col not in ("method", "excluded", "gate", "") else "left")
-    table.add_row("", "fp32", "-", "0", _fmt(fp32_accuracy), "100.00%", _fmt(fp32_accuracy), "100.00%", f"{fp32_latency:.2f}", "")
+    cols = ("", "method", "excluded", "int8 layers", "acc (ref)", "agree (ref)", "worst cos (ref)", "acc (cpu)", "agree (cpu)",
+            "worst cos (cpu)", "ms b1 (cpu)", "gate")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("", "method", "excluded", "gate") else "right")
+    table.add_row("", "fp32", "-", "0", _fmt(fp32_accuracy), "100.00%", "1.0000", _fmt(fp32_accuracy), "100.00%", "1.0000",
+                  f"{fp32_latency:.2f}", "")
     for c in candidates:
         ref, cpu = c.scores["reference"], c.scores["this_cpu"]
-        table.add_row("*" if c is best else "", c.recipe.method, c.preset, str(c.int8_layers), _fmt(ref["accuracy"]),
-                      f"{ref['top1_agreement']:.2%}", _fmt(cpu["accuracy"]), f"{cpu['top1_agreement']:.2%}",
+        table.add_row("*" if c is best else "", c.recipe.method, c.preset, str(c.int8_layers),
+                      _fmt(ref["accuracy"]), f"{ref['top1_agreement']:.2%}", f"{ref['cosine_min']:.4f}",
+                      _fmt(cpu["accuracy"]), f"{cpu['top1_agreement']:.2%}", f"{cpu['cosine_min']:.4f}",
                       f"{c.latency_ms:.2f}", "ok" if c.passed else "; ".join(c.failures))
     return table
 

@@ -65,6 +65,12 @@ def test_int8_digits_accuracy_and_agreement(int8_digits: Bundle) -> None:
             assert agree >= 0.98
     assert record["fp32_accuracy"] == pytest.approx(acc32) and acc32 > 0.9
     assert record["gate"]["passed"] and record["gate"]["execution"] == "reference"
+    # the gate of `vitdeploy check`: worst per-image cosine of the logits
+    from vitdeploy.compare import cosine_rows
+
+    ref = _logits(int8_digits.artifact_path("int8"), images, "basic")
+    worst = cosine_rows(fp32, ref).min()
+    assert worst == pytest.approx(record["reference"]["cosine_min"]) and worst >= 0.99
 
 
 def test_int8_manifest_records_data_method_target(int8_digits: Bundle) -> None:
@@ -73,12 +79,17 @@ def test_int8_manifest_records_data_method_target(int8_digits: Bundle) -> None:
     again = open_source("digits:train", int8_digits, samples=int(SAMPLES))
     assert (cal["source"], cal["count"], cal["sha256"]) == ("digits:train", int(SAMPLES), again.sha256)
     assert cal["available"] > cal["count"] and cal["subset_seed"] == 0
-    assert record["method"] == "entropy" and record["target"] == "tensorrt"
+    assert record["target"] == "tensorrt"
+    # no --method: the ladder, entropy first; every recipe before the chosen one was below the gate
+    selection = record["selection"]
+    assert selection["mode"] == "ladder" and selection["candidates"][0]["method"] == "entropy"
+    assert [c["passed"] for c in selection["candidates"]] == [False] * (len(selection["candidates"]) - 1) + [True]
+    assert (record["method"], "none") == (selection["chosen"]["method"], selection["chosen"]["exclusions"])
     assert record["exclusions"] == {"op_types": [], "blocks": [], "roles": [], "nodes": [], "by": {}}
     assert record["evaluation"]["data"] == "digits:test" and record["evaluation"]["count"] == len(_digits_test()[1])
     assert record["from_fp32_sha256"] == int8_digits.artifact_record("fp32")["sha256"]
     core = read_onnx_manifest(int8_digits.artifact_path("int8"))
-    assert core["graph"]["precision"] == "int8" and core["graph"]["quantization"]["method"] == "entropy"
+    assert core["graph"]["precision"] == "int8" and core["graph"]["quantization"]["method"] == record["method"]
 
 
 def test_int8_placement_vit_aware(int8_digits: Bundle) -> None:
@@ -130,7 +141,7 @@ def test_placement_inspection_flags_a_naive_quantization(digits_bundle, tmp_path
 
 def test_exclusions_by_block_and_role(digits_bundle, copy_bundle) -> None:
     root = copy_bundle(digits_bundle)
-    result = _invoke(str(root), "--samples", "128", "--method", "minmax", "--exclude-blocks", "blocks.0", "--exclude-roles", "head")
+    result = _invoke(str(root), "--samples", "128", "--exclude-blocks", "blocks.0", "--exclude-roles", "head")
     assert result.exit_code == 0, result.output
     record = Bundle.open(root).artifact_record("int8")
     by = record["exclusions"]["by"]
@@ -147,7 +158,7 @@ def test_exclusions_by_block_and_role(digits_bundle, copy_bundle) -> None:
 
 def test_cpu_target_variant(digits_bundle, copy_bundle) -> None:
     root = copy_bundle(digits_bundle)
-    result = _invoke(str(root), "--samples", "128", "--method", "minmax", "--target", "cpu")
+    result = _invoke(str(root), "--samples", "128", "--target", "cpu")
     assert result.exit_code == 0, result.output
     record = Bundle.open(root).artifact_record("int8")
     assert record["target"] == "cpu" and "QUInt8 asymmetric" in record["activations"] and "7-bit" in record["weights"]
@@ -223,6 +234,22 @@ def test_too_few_samples_for_the_method(digits_bundle, copy_bundle, tmp_path: Pa
 def test_npy_of_the_wrong_shape(digits_bundle, copy_bundle, tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", np.zeros((80, 28, 28, 3), np.uint8))
     _bad(digits_bundle, copy_bundle, tmp_path, ["--data", str(tmp_path / "x.npy")], "expected uint8 [N,32,32,3]")
+
+
+def test_calibration_count_not_a_multiple_of_the_batch(digits_bundle, copy_bundle) -> None:
+    """ORT's histogram collector stacks the batches of one call: a short last batch goes alone."""
+    root = copy_bundle(digits_bundle)
+    result = _invoke(str(root), "--samples", "101", "--method", "entropy", "--min-cosine", "0", "--min-agreement", "0")
+    assert result.exit_code == 0, result.output
+    assert Bundle.open(root).artifact_record("int8")["calibration"]["count"] == 101
+
+
+def test_gate_defaults_are_checks(digits_bundle) -> None:
+    from vitdeploy.calibration.evaluate import Gate
+    from vitdeploy.checks.run import CheckOptions
+
+    gate, check = Gate(), CheckOptions()
+    assert (gate.min_cosine, gate.min_agreement, gate.max_drop_points / 100) == (check.cosine_min, check.top1_min, check.accuracy_drop_max)
 
 
 def test_bundle_without_fp32_graph(digits_bundle, copy_bundle, tmp_path: Path) -> None:

@@ -20,9 +20,10 @@ def test_sweep_on_digits_records_table_and_choice(digits_bundle, copy_bundle) ->
     assert result.exit_code == 0, result.output
     assert "INT8 sweep" in result.output and "attention-matmuls" in result.output and "sweep chose minmax" in result.output
     record = Bundle.open(root).artifact_record("int8")
-    rows = record["sweep"]["candidates"]
+    assert record["selection"]["mode"] == "sweep"
+    rows = record["selection"]["candidates"]
     assert [r["exclusions"] for r in rows] == list(PRESETS)
-    chosen = record["sweep"]["chosen"]
+    chosen = record["selection"]["chosen"]
     row = next(r for r in rows if r["exclusions"] == chosen["exclusions"])
     assert row["passed"]
     # TensorRT target: the most INT8 layers among the recipes inside the gate
@@ -30,7 +31,7 @@ def test_sweep_on_digits_records_table_and_choice(digits_bundle, copy_bundle) ->
     assert record["exclusions"]["roles"] == list(PRESETS[chosen["exclusions"]].roles)
     # the chosen graph is the one written, with its own scores
     assert record["evaluation"]["reference"]["top1_agreement"] == row["reference"]["top1_agreement"]
-    assert all(r["latency_ms_batch1"] > 0 for r in rows) and record["sweep"]["fp32_latency_ms_batch1"] > 0
+    assert all(r["latency_ms_batch1"] > 0 for r in rows) and record["selection"]["fp32_latency_ms_batch1"] > 0
     # roles resolve to the expected layers of a depth-T ViT
     depth = Bundle.open(root).spec.depth
     layers = {r["exclusions"]: r["int8_layers"] for r in rows}

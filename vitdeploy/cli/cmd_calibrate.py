@@ -14,8 +14,9 @@ from .common import command, echo_json, split_csv
 @click.option("--data", default=None,
               help="Calibration images: a folder (any sizes, resized by the model's rule), a uint8 [N,H,W,3] .npy, "
                    "or digits:train (the default for the builtin digits bundle).")
-@click.option("--method", type=click.Choice(["entropy", "minmax", "percentile"]), default="entropy", show_default=True,
-              help="How activation ranges are chosen from the calibration data.")
+@click.option("--method", type=click.Choice(["entropy", "minmax", "percentile"]), default=None,
+              help="How activation ranges are chosen from the calibration data. Default: entropy, and when held-out data "
+                   "is below the gate, the next recipe (percentile, minmax, then fewer layers in INT8) until one passes.")
 @click.option("--samples", type=click.IntRange(min=1), default=512, show_default=True,
               help="Calibration images to use (a seeded random subset when the source holds more).")
 @click.option("--exclude-op-types", default="", help="Op types kept in float, comma-separated (of MatMul, Gemm, Conv).")
@@ -31,18 +32,21 @@ from .common import command, echo_json, split_csv
               help="Labelled held-out images for the accuracy gate: DIR/<class>/<image> or digits:test (the default for the digits bundle).")
 @click.option("--eval-limit", type=click.IntRange(min=1), default=None, help="Use at most this many held-out images.")
 @click.option("--max-drop", type=float, default=1.0, show_default=True, help="Gate: largest accuracy drop against fp32, in points.")
-@click.option("--min-agreement", type=float, default=0.98, show_default=True, help="Gate: smallest top-1 agreement with fp32 (0..1).")
+@click.option("--min-agreement", type=float, default=0.99, show_default=True, help="Gate: smallest top-1 agreement with fp32 (0..1).")
+@click.option("--min-cosine", type=float, default=0.99, show_default=True,
+              help="Gate: smallest per-image cosine similarity of the logits with fp32's (the gate of `vitdeploy check`).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime threads for calibration and scoring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the int8 record as JSON.")
 def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exclude_roles, sweep, sweep_methods, target, eval_data, eval_limit,
-            max_drop, min_agreement, threads, as_json):
+            max_drop, min_agreement, min_cosine, threads, as_json):
     """Write BUNDLE/model.int8.onnx: explicit Q/DQ on the linear layers, calibrated and measured.
 
     Q/DQ goes on the inputs of MatMul/Gemm/Conv (symmetric int8 activations, per-channel int8
     weights); LayerNorm, Softmax, GELU and the residual adds stay float. The graph is scored on
-    held-out labelled images in reference semantics (fake-quant, what TensorRT computes) and as
-    this CPU executes it, and is written only if it passes the gate. The manifest records the data
-    hash and count, method, exclusions, target and accuracies.
+    held-out images in reference semantics (fake-quant, what TensorRT computes) and as this CPU
+    executes it, and is written only if it passes the gate of `vitdeploy check` (accuracy drop,
+    top-1 agreement, worst logit cosine). The manifest records the data hash and count, method,
+    exclusions, target, the recipes tried and the accuracies.
 
     \b
     Example:
@@ -60,7 +64,7 @@ def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exc
         data=data, samples=samples, method=method, target=target, eval_data=eval_data, eval_limit=eval_limit, sweep=sweep,
         sweep_methods=tuple(split_csv(sweep_methods)),
         exclusions=Exclusions(tuple(split_csv(exclude_op_types)), tuple(split_csv(exclude_blocks)), tuple(split_csv(exclude_roles))),
-        gate=Gate(max_drop_points=max_drop, min_agreement=min_agreement), threads=threads,
+        gate=Gate(max_drop_points=max_drop, min_agreement=min_agreement, min_cosine=min_cosine), threads=threads,
     )
     err = get_console(stderr=True)
     log = (lambda _m: None) if as_json else (lambda m: err.print(m, highlight=False))
@@ -117,9 +121,13 @@ def _summary(record: dict[str, Any]) -> str:
             return "n/a" if v is None else f"{v:.2%}"
 
         lines.append(f"{ev['data']} ({ev['count']} images): fp32 {acc(ev['fp32_accuracy'])}; "
-                     f"int8 reference (fake-quant) {acc(ev['reference']['accuracy'])}, agreement {ev['reference']['top1_agreement']:.2%}; "
-                     f"int8 on this CPU {acc(ev['this_cpu']['accuracy'])}, agreement {ev['this_cpu']['top1_agreement']:.2%}")
-    if record.get("sweep"):
-        chosen = record["sweep"]["chosen"]
-        lines.append(f"sweep chose {chosen['method']} / exclusions {chosen['exclusions']} ({record['sweep']['rule']})")
+                     f"int8 reference (fake-quant) {acc(ev['reference']['accuracy'])}, agreement {ev['reference']['top1_agreement']:.2%}, "
+                     f"worst cosine {ev['reference']['cosine_min']:.4f}; "
+                     f"int8 on this CPU {acc(ev['this_cpu']['accuracy'])}, agreement {ev['this_cpu']['top1_agreement']:.2%}, "
+                     f"worst cosine {ev['this_cpu']['cosine_min']:.4f}")
+    selection = record.get("selection") or {}
+    if selection.get("mode") in ("sweep", "ladder") and len(selection["candidates"]) > 1:
+        chosen = selection["chosen"]
+        lines.append(f"{selection['mode']} chose {chosen['method']} / exclusions {chosen['exclusions']} "
+                     f"of {len(selection['candidates'])} recipes ({selection['rule']})")
     return "\n".join(lines)
