@@ -184,4 +184,4 @@ def _evaluation(data: Any, fp32_accuracy: float | None, scores: dict[str, Any] |
 
 def _gate_text(gate: Gate) -> str:
     return (f"accuracy drop <= {gate.max_drop_points:g} points, top-1 agreement >= {gate.min_agreement:.0%}, "
-            f"worst logit cosine >= {gate.min_cosine:g}")
+            f"logit cosine (1st percentile of images) >= {gate.min_cosine:g}")

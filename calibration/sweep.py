@@ -66,8 +66,8 @@ class Candidate:
             "exclusions": self.preset,
             "excluded_nodes": len(self.quantization["excluded_nodes"]),
             "int8_layers": self.int8_layers,
-            "reference": {k: self.scores["reference"][k] for k in ("accuracy", "top1_agreement", "cosine_min")},
-            "this_cpu": {k: self.scores["this_cpu"][k] for k in ("accuracy", "top1_agreement", "cosine_min")},
+            "reference": {k: self.scores["reference"][k] for k in ("accuracy", "top1_agreement", "cosine_min", "cosine_p1")},
+            "this_cpu": {k: self.scores["this_cpu"][k] for k in ("accuracy", "top1_agreement", "cosine_min", "cosine_p1")},
             "latency_ms_batch1": None if self.latency_ms != self.latency_ms else round(self.latency_ms, 3),
             "passed": self.passed,
             "failures": self.failures,
@@ -123,7 +123,7 @@ class Trials:
         self.candidates.append(cand)
         s = result[self.execution]
         self.log(f"  {recipe.method:10s} {preset:18s} int8 layers {cand.int8_layers:3d}  {_fmt(s['accuracy'])} acc  "
-                 f"{s['top1_agreement']:.2%} agree  worst cos {s['cosine_min']:.4f}  "
+                 f"{s['top1_agreement']:.2%} agree  cos p1 {s['cosine_p1']:.4f} (worst {s['cosine_min']:.4f})  "
                  f"{'ok' if passed else 'below gate: ' + '; '.join(failures)}")
         return cand
 
@@ -184,8 +184,8 @@ def render_table(candidates: list[Candidate], best: Candidate | None, fp32_accur
     execution = GATED_EXECUTION[target]
     title = f"INT8 sweep ({target} target; gate on the {'reference fake-quant' if execution == 'reference' else 'this CPU int8'} execution)"
     table = Table(title=title)
-    cols = ("", "method", "excluded", "int8 layers", "acc (ref)", "agree (ref)", "worst cos (ref)", "acc (cpu)", "agree (cpu)",
-            "worst cos (cpu)", "ms b1 (cpu)", "gate")
+    cols = ("", "method", "excluded", "int8 layers", "acc (ref)", "agree (ref)", "cos p1 (ref)", "acc (cpu)", "agree (cpu)",
+            "cos p1 (cpu)", "ms b1 (cpu)", "gate")
     for col in cols:
         table.add_column(col, justify="left" if col in ("", "method", "excluded", "gate") else "right")
     table.add_row("", "fp32", "-", "0", _fmt(fp32_accuracy), "100.00%", "1.0000", _fmt(fp32_accuracy), "100.00%", "1.0000",
@@ -193,8 +193,8 @@ def render_table(candidates: list[Candidate], best: Candidate | None, fp32_accur
     for c in candidates:
         ref, cpu = c.scores["reference"], c.scores["this_cpu"]
         table.add_row("*" if c is best else "", c.recipe.method, c.preset, str(c.int8_layers),
-                      _fmt(ref["accuracy"]), f"{ref['top1_agreement']:.2%}", f"{ref['cosine_min']:.4f}",
-                      _fmt(cpu["accuracy"]), f"{cpu['top1_agreement']:.2%}", f"{cpu['cosine_min']:.4f}",
+                      _fmt(ref["accuracy"]), f"{ref['top1_agreement']:.2%}", f"{ref['cosine_p1']:.4f}",
+                      _fmt(cpu["accuracy"]), f"{cpu['top1_agreement']:.2%}", f"{cpu['cosine_p1']:.4f}",
                       f"{c.latency_ms:.2f}", "ok" if c.passed else "; ".join(c.failures))
     return table
 

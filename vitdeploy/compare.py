@@ -20,6 +20,7 @@ class OutputStats:
     max_rel: float  # max |d| / max |ref|
     mean_abs: float
     cosine_min: float  # worst per-sample cosine similarity
+    cosine_p1: float  # 1st percentile of the per-sample cosines: what reduced precision is gated on
     cosine_mean: float
     top1_agreement: float
     top5_agreement: float
@@ -37,6 +38,17 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         cos = np.where(den > 0, num / np.where(den > 0, den, 1), np.where(np.abs(a - b).max(axis=1) == 0, 1.0, 0.0))
     return cos
+
+
+def cosine_percentile(cos: np.ndarray, q: float = 1.0) -> float:
+    """The q-th percentile (lower interpolation) of per-sample cosines.
+
+    Reduced precision is gated here rather than on the single worst image: like the 99% top-1
+    agreement gate, it lets 1% of images be outliers. On the trained digits model the worst-image
+    cosine of correct int8 graphs swings between 0.968 and 0.994 with the calibration recipe, set by
+    one ambiguous image whose two top logits are close, while accuracy and agreement do not move.
+    """
+    return float(np.percentile(cos, q, method="lower"))
 
 
 def topk_agreement(ref: np.ndarray, cand: np.ndarray, k: int) -> float:
@@ -61,6 +73,7 @@ def compare_outputs(name: str, ref: np.ndarray, cand: np.ndarray) -> OutputStats
         max_rel=float(diff.max() / scale),
         mean_abs=float(diff.mean()),
         cosine_min=float(cos.min()),
+        cosine_p1=cosine_percentile(cos),
         cosine_mean=float(cos.mean()),
         top1_agreement=topk_agreement(ref, cand, 1),
         top5_agreement=topk_agreement(ref, cand, 5),

@@ -12,20 +12,20 @@ def print_report(report: dict[str, Any]) -> None:
 
     console = get_console()
     table = Table(title=f"vitdeploy check: {report['bundle']}")
-    for col in ("graph", "execution", "inputs", "max |dlogit|", "max rel", "worst cos", "top-1 agr", "top-5 agr", "accuracy", "drop", "verdict"):
+    for col in ("graph", "execution", "inputs", "max |dlogit|", "max rel", "worst cos", "cos p1", "top-1 agr", "top-5 agr", "accuracy", "drop", "verdict"):
         table.add_column(col, justify="right" if col not in ("graph", "execution", "inputs", "verdict") else "left")
     for ref_set, acc in report["reference"]["accuracy"].items():
-        table.add_row("PyTorch fp32", "reference", ref_set, "", "", "", "", "", f"{acc:.2%}", "", "")
+        table.add_row("PyTorch fp32", "reference", ref_set, "", "", "", "", "", "", f"{acc:.2%}", "", "")
     for art in report["artifacts"]:
         if art.get("skipped"):
-            table.add_row(art["precision"], f"tensorrt {art['execution']}", "", "", "", "", "", "", "", "", f"skipped: {art['skipped']}")
+            table.add_row(art["precision"], f"tensorrt {art['execution']}", "", "", "", "", "", "", "", "", "", f"skipped: {art['skipped']}")
             continue
         verdict = "pass" if art["passed"] else ("FAIL" if art["gated"] else "reported (not gated)")
         for i, row in enumerate(art["sets"]):
             s = row["logits"]
             table.add_row(
                 art["precision"] if i == 0 else "", art["execution"] if i == 0 else "", row["set"],
-                f"{s['max_abs']:.2e}", f"{s['max_rel']:.2e}", f"{s['cosine_min']:.6f}", f"{s['top1_agreement']:.1%}",
+                f"{s['max_abs']:.2e}", f"{s['max_rel']:.2e}", f"{s['cosine_min']:.6f}", f"{s['cosine_p1']:.6f}", f"{s['top1_agreement']:.1%}",
                 f"{s['top5_agreement']:.1%}", f"{row['accuracy']:.2%}" if "accuracy" in row else "",
                 f"{row['accuracy_drop'] * 100:+.2f} pt" if "accuracy_drop" in row else "", verdict if i == 0 else "",
             )

@@ -16,7 +16,7 @@ from .common import command, echo_json, split_csv
 @click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use at most this many real images.")
 @click.option("--fp32-max-abs", type=float, default=1e-4, show_default=True, help="fp32 gate: max |dlogit|.")
-@click.option("--cosine-min", type=float, default=0.99, show_default=True, help="fp16/int8 gate: worst per-image cosine of logits.")
+@click.option("--cosine-min", type=float, default=0.99, show_default=True, help="fp16/int8 gate: 1st percentile of the per-image cosine of logits.")
 @click.option("--top1-min", type=float, default=0.99, show_default=True, help="fp16/int8 gate: top-1 agreement on real images.")
 @click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True, help="fp16/int8 gate: accuracy drop in points.")
 @click.option("--localise", type=click.Choice(["on-failure", "always", "never"]), default="on-failure", show_default=True,
