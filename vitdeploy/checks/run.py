@@ -83,12 +83,18 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     artifacts, failures = [], []
     for precision in precisions:
         graph = bundle.artifact_path(precision)
+        placement = _placement(bundle, precision) if precision != "fp32" else None
         for execution, level, gated in _executions(bundle, precision):
             runner = OrtRunner(graph, precision=precision, optimization=level, threads=opts.threads)
             entry = _score(precision, execution, runner, sets, ref_out, ref_acc, opts, gated)
             entry.update({"file": graph.name, "sha256": bundle.artifact_record(precision).get("sha256"),
                           "providers": runner.info.details.get("providers"), "optimization": level})
             entry["batch_consistency"] = _batch_consistency(runner, sets[0].images[:4])
+            if placement is not None:
+                entry["placement"] = placement
+                if placement.get("violations"):
+                    entry["failed_gates"].extend(f"precision policy: {v}" for v in placement["violations"])
+                    entry["passed"] = False
             want_localise = opts.localise == "always" or (opts.localise == "on-failure" and not entry["passed"])
             if want_localise and gated:
                 limit = 0.9999 if precision == "fp32" else opts.cosine_min
@@ -163,6 +169,16 @@ def _score(precision: str, execution: str, runner: Any, sets: list[EvalSet], ref
     failed = [g.describe() for g in gates if not g.passed]
     return {"precision": precision, "backend": "onnxruntime", "execution": execution, "gated": gated, "sets": rows,
             "gates": [g.to_dict() for g in gates], "failed_gates": failed, "passed": not failed}
+
+
+def _placement(bundle: Bundle, precision: str) -> dict[str, Any]:
+    """The ViT precision policy holds in the graph: no Q/DQ feeding LayerNorm/Softmax, per-channel
+    weights (int8); preprocessing, LayerNorm and Softmax in fp32 (fp16)."""
+    try:
+        from vitdeploy.calibration.inspect import bundle_placement
+    except ImportError as exc:  # calibration's optional dependencies
+        return {"available": False, "reason": str(exc)}
+    return bundle_placement(bundle, precision)
 
 
 def _batch_consistency(runner: Any, images: np.ndarray) -> dict[str, Any]:
