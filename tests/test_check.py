@@ -176,3 +176,30 @@ def test_check_models_of_the_export_issue(export_cached, tmp_path):
     assert report["passed"], report["failures"]
     sizes = [(i["height"], i["width"]) for i in report["inputs"]]
     assert sizes == [(224, 224), (160, 160), (288, 288), (224, 320)]
+
+
+def test_reduced_precision_digits_through_check(digits_bundle, copy_bundle):
+    """The precision issue's acceptance, measured by `check` on the held-out digits test split:
+    fp16 within 0.2 point of fp32; int8 within 1 point with >= 98% top-1 agreement (reference
+    semantics, what TensorRT computes); both graphs follow the ViT precision policy."""
+    from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
+    from vitdeploy.exporters.fp16 import add_fp16_to_bundle
+
+    path = copy_bundle(digits_bundle)
+    add_fp16_to_bundle(Bundle.open(path))
+    calibrate_bundle(path, CalibrateOptions(samples=256))
+    report = _check(path)
+    assert report["passed"], report["failures"]
+    by = {(a["precision"], a["execution"]): a for a in report["artifacts"]}
+    fp32_acc = report["reference"]["accuracy"]["digits:test"]
+
+    def real(entry):
+        return next(row for row in entry["sets"] if row["set"] == "digits:test")
+
+    fp16 = real(by[("fp16", "onnxruntime")])
+    assert fp32_acc - fp16["accuracy"] <= 0.002
+    int8 = real(by[("int8", "reference (fake-quant)")])
+    assert fp32_acc - int8["accuracy"] <= 0.01 and int8["logits"]["top1_agreement"] >= 0.98
+    assert "accuracy" in real(by[("int8", "this CPU (int8 kernels)")])  # reported as this CPU runs it
+    assert not by[("fp16", "onnxruntime")]["placement"]["violations"]
+    assert not by[("int8", "reference (fake-quant)")]["placement"]["violations"]
