@@ -96,7 +96,6 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
             "input": {"name": "images", "dtype": "uint8" if opts.input_format == "uint8-nhwc" else "float32",
                       "layout": "NHWC" if opts.input_format == "uint8-nhwc" else "NCHW"},
             "outputs": ["logits", "probs"],
-            "export_seconds": round(seconds, 2),
             # ONNX tensors holding PyTorch module outputs (for `check` localisation) and the
             # patch-embedding Conv (for the preprocessing and patch-grid protocol checks)
             "module_outputs": {m.removeprefix("model."): t for m, t in modules.items()},
@@ -104,6 +103,9 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
             **{f"simplify_{k}": v for k, v in simplify_record.items()},
         },
     }
+    # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights
+    # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
+    manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"]}}
     with staged_directory(out_dir) as stage:
         _write_graph(stage / ARTIFACT_FILES["fp32"], model_proto, manifest)
         write_labels(stage / LABELS, loaded.labels)
@@ -223,7 +225,8 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
     if old.get("engines"):
         manifest["engines"] = old["engines"]
     if old.get("records"):
-        manifest["records"] = {k: v for k, v in old["records"].items() if k != "export_check"}
+        kept = {k: v for k, v in old["records"].items() if k not in ("export_check", "export")}
+        manifest["records"] = {**kept, **manifest.get("records", {})}
 
 
 def torch_module_names(loaded: LoadedModel) -> list[str]:
