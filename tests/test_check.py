@@ -203,3 +203,33 @@ def test_reduced_precision_digits_through_check(digits_bundle, copy_bundle):
     assert "accuracy" in real(by[("int8", "this CPU (int8 kernels)")])  # reported as this CPU runs it
     assert not by[("fp16", "onnxruntime")]["placement"]["violations"]
     assert not by[("int8", "reference (fake-quant)")]["placement"]["violations"]
+
+
+def test_engines_are_skipped_with_the_reason_where_tensorrt_is_absent(digits_bundle, copy_bundle):
+    path = copy_bundle(digits_bundle)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["engines"] = {"orin-trt10.3-fp16": {"dir": "engines/orin-trt10.3-fp16", "precision": "fp16",
+                                                 "source_sha256": manifest["artifacts"]["fp32"]["sha256"]}}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    report = _check(path)
+    engine = next(a for a in report["artifacts"] if a["backend"] == "tensorrt")
+    assert report["passed"] and engine["passed"] is None
+    assert "TensorRT is not installed" in engine["skipped"]
+
+
+@pytest.mark.gpu
+def test_built_engine_passes_check(digits_bundle, copy_bundle):
+    """On a GPU with TensorRT: build an fp16 engine and score it through `check` against PyTorch."""
+    pytest.importorskip("tensorrt")
+    from vitdeploy.engine.plan import PlanOptions
+    from vitdeploy.engine.service import BuildEngineRequest, run
+    from vitdeploy.exporters.fp16 import add_fp16_to_bundle
+
+    path = copy_bundle(digits_bundle)
+    add_fp16_to_bundle(Bundle.open(path))
+    run(BuildEngineRequest(path, PlanOptions(precision="fp16", batch=("1:8:16",))))
+    report = _check(path)
+    engine = next(a for a in report["artifacts"] if a["backend"] == "tensorrt")
+    assert engine["passed"], engine.get("failed_gates") or engine.get("skipped")
+    real = next(row for row in engine["sets"] if row["set"] == "digits:test")
+    assert report["reference"]["accuracy"]["digits:test"] - real["accuracy"] <= 0.002

@@ -110,7 +110,10 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
                 if loc.get("first_divergence"):
                     failures.append(f"{precision}: first divergence at PyTorch module {loc['first_divergence']}")
 
-    artifacts.extend(_engine_entries(bundle))
+    for entry in _engine_entries(bundle, sets, ref_out, ref_acc, opts):
+        artifacts.append(entry)
+        if entry.get("gated") and not entry["passed"]:
+            failures.extend(f"tensorrt {entry['execution']}: {g}" for g in entry["failed_gates"])
 
     probe_sets = [s for s in sets if s.images.shape[1:3] == sets[0].images.shape[1:3]]
     probe = np.concatenate([s.images[:8] for s in probe_sets])
@@ -188,15 +191,48 @@ def _batch_consistency(runner: Any, images: np.ndarray) -> dict[str, Any]:
     return {"images": int(len(images)), "max_abs": float(np.abs(batched.astype(np.float64) - single).max())}
 
 
-def _engine_entries(bundle: Bundle) -> list[dict[str, Any]]:
-    """TensorRT engines are checked only where TensorRT and a GPU exist; say so otherwise."""
+def _engine_entries(bundle: Bundle, sets: list[EvalSet], ref_out: dict, ref_acc: dict, opts: CheckOptions) -> list[dict[str, Any]]:
+    """TensorRT engines, scored like the ONNX graphs where TensorRT and their GPU exist.
+
+    An engine is judged by the task gates whatever its precision: TensorRT may pick TF32 or fused
+    kernels for an fp32 graph, so the fp32 |dlogit| gate of ONNX Runtime does not apply.
+    Elsewhere the entry says why it was skipped (engines are checked on the target).
+    """
+    from ..errors import VitDeployError
+    from ..lazy import available
+
     entries = []
     for target, record in (bundle.manifest.get("engines") or {}).items():
-        from ..lazy import available
+        base = {"precision": record.get("precision", "?"), "backend": "tensorrt", "execution": target, "gated": False, "passed": None}
+        if not available("tensorrt"):
+            entries.append({**base, "skipped": "TensorRT is not installed on this machine (engines are checked on the target)"})
+            continue
+        from ..runtime.tensorrt import TensorRTRunner
 
-        reason = None if available("tensorrt") else "TensorRT is not installed on this machine (engines are checked on the target)"
-        entries.append({"precision": record.get("precision", "?"), "backend": "tensorrt", "execution": target, "gated": False,
-                        "passed": None, "skipped": reason or "TensorRT engine checks run through `vitdeploy check` on the target GPU"})
+        try:
+            runner = TensorRTRunner(bundle.root / record.get("dir", f"engines/{target}"))
+        except VitDeployError as exc:
+            entries.append({**base, "skipped": str(exc)})
+            continue
+        profiles = record.get("profiles") or []
+        max_batch = max((int(p["batch"][2]) for p in profiles if isinstance(p, dict) and "batch" in p), default=opts.batch)
+
+        def fits(s: EvalSet) -> bool:  # the H/W of some optimisation profile covers this set
+            h, w = s.images.shape[1:3]
+            return not profiles or any(p["height"][0] <= h <= p["height"][2] and p["width"][0] <= w <= p["width"][2]
+                                       for p in profiles if isinstance(p, dict) and "height" in p)
+
+        engine_sets = [s for s in sets if fits(s)]
+        if not engine_sets:
+            entries.append({**base, "skipped": f"no input set fits the engine's profiles {profiles}"})
+            runner.close()
+            continue
+        engine_opts = CheckOptions(**{**asdict(opts), "batch": max(1, min(opts.batch, max_batch))})
+        entry = _score("int8" if base["precision"] == "int8" else "fp16", target, runner, engine_sets, ref_out, ref_acc, engine_opts, True)
+        entry.update({"precision": base["precision"], "backend": "tensorrt", "engine": record.get("dir"),
+                      "source_sha256": record.get("source_sha256")})
+        runner.close()
+        entries.append(entry)
     return entries
 
 
