@@ -81,6 +81,11 @@ def test_native_static_matches_pytorch(model, checkpoints, export_cached):
     ref = _library_reference(model, entry, bundle, images)
     assert np.abs(got - ref).max() <= 1e-4
     assert (got.argmax(1) == ref.argmax(1)).all()
+    # and `vitdeploy check` passes the artifact: numbers, protocol (preprocessing, patch grid, labels)
+    from vitdeploy.checks import CheckOptions, run_check
+
+    report = run_check(bundle.root, CheckOptions(random_count=16, write_report=False))
+    assert report["passed"], report["failures"]
 
 
 def _library_reference(model: str, entry: dict, bundle, images: np.ndarray) -> np.ndarray:
