@@ -20,7 +20,7 @@ step "4/8 check every graph against PyTorch: numbers, accuracy on the test split
 vitdeploy check "$B"
 
 step "5/8 profile latency and throughput against the cost model (static graph: other sizes are re-exported)"
-vitdeploy profile "$B" --resolutions 24,32,48 --batch 1,8 --precision fp32,int8 --backend ort,torch --duration 1
+vitdeploy profile "$B" --resolutions 24,32,48 --batch 1,8 --precision fp32,int8 --backend ort,torch --threads 1 --iterations 50 --rounds 10
 
 step "6/8 TensorRT engine"
 if python -c "import tensorrt" >/dev/null 2>&1; then
