@@ -123,31 +123,20 @@ def load_state_dict(path: str | Path) -> dict[str, Any]:
 
 def apply_state_dict(model: Any, state: dict[str, Any], where: str) -> None:
     """Strict load with an error that names the first mismatching keys and shapes."""
+    from vitdeploy.model import state_dict_problems
+
     own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    wrong = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    for key in wrong_keys(own, state):
-        if key.endswith("patch_embed.proj.weight") and tuple(state[key].shape[2:]) != tuple(own[key].shape[2:]):
-            raise ConfigError(
-                f"checkpoint {where} was trained with patch {tuple(state[key].shape[2:])} but the model uses "
-                f"{tuple(own[key].shape[2:])}: a patch-size change changes W_E, and interpolating the position table "
-                "cannot fix it; export with the model name of the trained patch size"
-            )
-    problems = []
-    if missing:
-        problems.append(f"missing keys {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}")
-    if unexpected:
-        problems.append(f"unexpected keys {', '.join(unexpected[:4])}{' …' if len(unexpected) > 4 else ''}")
-    if wrong:
-        problems.append(f"shape mismatch {'; '.join(wrong[:3])}{' …' if len(wrong) > 3 else ''}")
+    key = next((k for k in own if k.endswith("patch_embed.proj.weight")), None)
+    if key in state and tuple(state[key].shape[2:]) != tuple(own[key].shape[2:]):
+        raise ConfigError(
+            f"checkpoint {where} was trained with patch {tuple(state[key].shape[2:])} but the model uses "
+            f"{tuple(own[key].shape[2:])}: a patch-size change changes W_E, and interpolating the position table "
+            "cannot fix it; export with the model name of the trained patch size"
+        )
+    problems = state_dict_problems(own, state)
     if problems:
         raise UserError(f"checkpoint {where} does not match the model: {'; '.join(problems)} (wrong model name or --num-classes?)")
     model.load_state_dict(state, strict=True)
-
-
-def wrong_keys(own: dict[str, Any], state: dict[str, Any]) -> list[str]:
-    return [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
 
 
 def _state_sha256(model: Any) -> str:

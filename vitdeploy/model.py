@@ -343,23 +343,33 @@ def embed_patches_linear(model: VisionTransformer | PatchEmbed, x: torch.Tensor)
 
 
 # -- weights -------------------------------------------------------------------------------------
-def load_weights(model: VisionTransformer, state_dict: Mapping[str, torch.Tensor], source: str = "weights") -> VisionTransformer:
-    """Load a timm-style state dict strictly; a missing, extra or mis-shaped tensor is a ConfigError."""
-    expected = model.state_dict()
+def state_dict_problems(expected: Mapping[str, Any], state_dict: Mapping[str, Any], limit: int = 4) -> list[str]:
+    """What keeps ``state_dict`` from loading strictly into a model with ``expected`` tensors:
+    missing keys, unexpected keys and shape mismatches, the first few of each named."""
+
+    def first(items: list[str]) -> str:
+        return ", ".join(items[:limit]) + (" ..." if len(items) > limit else "")
+
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     wrong = sorted(
-        f"{k} {tuple(state_dict[k].shape)} != {tuple(v.shape)}"
+        f"{k} {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
         for k, v in expected.items()
         if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)
     )
     problems = []
     if missing:
-        problems.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        problems.append(f"missing keys {first(missing)}")
     if unexpected:
-        problems.append(f"unexpected {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
+        problems.append(f"unexpected keys {first(unexpected)}")
     if wrong:
-        problems.append(f"shape mismatch {'; '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}")
+        problems.append(f"shape mismatch {'; '.join(wrong[:limit])}{' ...' if len(wrong) > limit else ''}")
+    return problems
+
+
+def load_weights(model: VisionTransformer, state_dict: Mapping[str, torch.Tensor], source: str = "weights") -> VisionTransformer:
+    """Load a timm-style state dict strictly; a missing, extra or mis-shaped tensor is a ConfigError."""
+    problems = state_dict_problems(model.state_dict(), state_dict, limit=5)
     if problems:
         raise ConfigError(f"{source} do not match the spec ({'; '.join(problems)}); use the config written with these weights")
     model.load_state_dict(dict(state_dict), strict=True)
