@@ -361,11 +361,12 @@ def _load_hf(directory: Path) -> LoadedModel:
         "architecture": arch,
         "transformers_version": transformers.__version__,
     }
-    return LoadedModel(_HFLogits(model, config.model_type), spec, pre, labels, source, family="hf")
+    return LoadedModel(_hf_logits_module(model), spec, pre, labels, source, family="hf")
 
 
-def _HFLogits(model: Any, model_type: str) -> Any:  # noqa: N802 - a factory standing in for a class
-    """Wrap an HF classifier so forward(pixel_values) returns the logits tensor."""
+def _hf_logits_module(model: Any) -> Any:
+    """Wrap an HF classifier so forward(pixel_values) returns the logits tensor (the class is made
+    here so that importing this module does not import torch)."""
     torch = require("torch")
 
     class HFLogits(torch.nn.Module):
