@@ -15,7 +15,7 @@ import torch
 import vitdeploy
 from vitdeploy.bundle import ARTIFACT_FILES, FORMAT, LABELS, MANIFEST, Bundle, embed_manifest, read_labels, write_labels
 from vitdeploy.errors import CheckFailed, UserError
-from vitdeploy.fileio import atomic_path, atomic_write_json, sha256_file, staged_directory
+from vitdeploy.fileio import atomic_path, atomic_write_json, ensure_writable_dir, sha256_file, staged_directory
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
 
@@ -53,6 +53,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     opts = options or ExportOptions()
     _validate_options(opts)
     out_dir = Path(out_dir)
+    ensure_writable_dir(out_dir.parent)  # before minutes of export work, not after
     labels = read_labels(opts.labels_file) if opts.labels_file else None
     torch.manual_seed(RANDOM_INIT_SEED)
     loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs)

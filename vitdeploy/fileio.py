@@ -35,6 +35,22 @@ def _ensure_dir(directory: Path) -> None:
         raise UserError(f"directory {directory} is not writable; choose a writable location")
 
 
+def ensure_writable_dir(directory: str | os.PathLike) -> None:
+    """Fail early, before expensive work, when nothing can be written in ``directory``.
+
+    os.access is not enough (root passes it on read-only or virtual file systems): a probe file is
+    created and removed.
+    """
+    directory = Path(directory)
+    _ensure_dir(directory)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".vitdeploy-probe.", dir=directory)
+    except OSError as exc:
+        raise UserError(f"cannot write in {directory}: {exc.strerror}; choose a writable location") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success rename it onto ``target``.
@@ -43,7 +59,10 @@ def atomic_path(target: str | os.PathLike, suffix: str | None = None) -> Iterato
     """
     target = Path(target)
     _ensure_dir(target.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or ".tmp", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or ".tmp", dir=target.parent)
+    except OSError as exc:
+        raise UserError(f"cannot write in {target.parent}: {exc.strerror}; choose a writable location") from None
     os.close(fd)
     tmp_path = Path(tmp)
     os.chmod(tmp_path, _default_mode("file"))
@@ -88,7 +107,10 @@ def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(target)
     _ensure_dir(target.parent)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))
+    except OSError as exc:
+        raise UserError(f"cannot write in {target.parent}: {exc.strerror}; choose a writable location") from None
     os.chmod(staging, _default_mode("dir"))
     try:
         yield staging
