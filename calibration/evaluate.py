@@ -82,7 +82,7 @@ def graph_logits(path: str | Path, images: np.ndarray, optimization: str, thread
 
     runner = OrtRunner(path, optimization=optimization, threads=threads, providers=["CPUExecutionProvider"])
     try:
-        return np.concatenate([runner.infer(images[i : i + EVAL_BATCH])["logits"] for i in range(0, len(images), EVAL_BATCH)])
+        return runner.infer_batched(images, EVAL_BATCH, outputs=("logits",))["logits"]
     finally:
         runner.close()
 

@@ -262,8 +262,8 @@ def verify_export(bundle: Bundle, variant: LoadedModel, count: int, log: Callabl
         images = eval_set.images
         if pre.get("input") == "float-nchw":
             images = np.random.default_rng(index).standard_normal((count, 3, h, w)).astype(np.float32)
-        ref = _batched(torch_runner, images)
-        got = _batched(ort_runner, images)
+        ref = torch_runner.infer_batched(images, 16)
+        got = ort_runner.infer_batched(images, 16)
         stats = compare_outputs("logits", ref["logits"], got["logits"])
         limit = 1e-3 if resize else 1e-4  # in-graph uint8 resize: ORT's and torch's bilinear differ in rounding
         ok = stats.max_abs <= limit and stats.top1_agreement == 1.0
@@ -273,11 +273,6 @@ def verify_export(bundle: Bundle, variant: LoadedModel, count: int, log: Callabl
         if not ok:
             failures.append(f"{h}x{w}: max |dlogit| {stats.max_abs:.2e} (limit {limit:g}), top-1 agreement {stats.top1_agreement:.1%}")
     return {"passed": not failures, "failures": failures, "sizes": results, "graph_sha256": bundle.artifact_record("fp32").get("sha256")}
-
-
-def _batched(runner: Any, images: np.ndarray, batch: int = 16) -> dict[str, np.ndarray]:
-    outs = [runner.infer(images[i:i + batch]) for i in range(0, len(images), batch)]
-    return {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
 
 
 # -- re-loading a bundle's source -------------------------------------------------------------------

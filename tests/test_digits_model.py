@@ -16,11 +16,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from vitdeploy.preprocess import normalise  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def evaluate(model, images_u8, labels, preprocessing) -> int:
-    x = torch.from_numpy(digits.normalize(images_u8, preprocessing))
+    x = torch.from_numpy(normalise(images_u8, preprocessing))
     with torch.no_grad():
         predictions = torch.cat([model(x[i : i + 128]).argmax(-1) for i in range(0, len(x), 128)])
     return int((predictions.numpy() == labels).sum())

@@ -141,13 +141,3 @@ def load_digits_model(root: str | Path | None = None):
     model = VisionTransformer(ViTSpec.from_dict(config["spec"]))
     load_weights(model, safetensors_torch.load_file(str(weights_path)), source=str(weights_path))
     return model.eval()
-
-
-def normalize(images_uint8: np.ndarray, preprocessing: dict[str, Any]) -> np.ndarray:
-    """uint8 NHWC -> float32 NCHW, x = (p/255 - mean)/std with the config's per-channel constants."""
-    if preprocessing.get("scale") != "1/255" or preprocessing.get("channel_order") != "rgb":
-        raise ConfigError("digits preprocessing must be scale '1/255' and channel_order 'rgb'")
-    mean = np.asarray(preprocessing["mean"], dtype=np.float32)
-    std = np.asarray(preprocessing["std"], dtype=np.float32)
-    x = np.asarray(images_uint8, dtype=np.float32) / 255.0
-    return np.ascontiguousarray(((x - mean) / std).transpose(0, 3, 1, 2))

@@ -37,11 +37,6 @@ class CheckOptions:
     write_report: bool = True
 
 
-def _batched(runner: Any, images: np.ndarray, batch: int) -> dict[str, np.ndarray]:
-    outs = [runner.infer(images[i:i + batch]) for i in range(0, len(images), batch)]
-    return {k: np.concatenate([o[k] for o in outs]) for k in ("logits", "probs")}
-
-
 def _executions(bundle: Bundle, precision: str) -> list[tuple[str, str, bool]]:
     """(execution name, ORT optimization level, gated?) for one precision's graph.
 
@@ -75,7 +70,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     data = opts.data or default_data(bundle)
     if data:
         sets.append(real_set(bundle, data, opts.limit))
-    ref_out = {s.name: _batched(reference, s.images, opts.batch) for s in sets}
+    ref_out = {s.name: reference.infer_batched(s.images, opts.batch) for s in sets}
     ref_acc = {s.name: accuracy(ref_out[s.name]["logits"], s.labels) for s in sets if s.labels is not None}
     for name, acc in ref_acc.items():
         log(f"PyTorch fp32 accuracy on {name}: {acc:.2%}")
@@ -152,7 +147,7 @@ def _score(precision: str, execution: str, runner: Any, sets: list[EvalSet], ref
            opts: CheckOptions, gated: bool) -> dict[str, Any]:
     rows, gates = [], []
     for s in sets:
-        out = _batched(runner, s.images, opts.batch)
+        out = runner.infer_batched(s.images, opts.batch)
         stats = compare_outputs("logits", ref_out[s.name]["logits"], out["logits"])
         probs = compare_outputs("probs", ref_out[s.name]["probs"], out["probs"])
         row: dict[str, Any] = {"set": s.name, "real": s.real, "logits": stats.to_dict(), "probs": probs.to_dict()}

@@ -51,6 +51,11 @@ class Runner(ABC):
         self.last_latency_s = time.perf_counter() - start
         return out
 
+    def infer_batched(self, images: np.ndarray, batch: int, outputs: tuple[str, ...] = ("logits", "probs")) -> dict[str, np.ndarray]:
+        """Run ``images`` in chunks of ``batch`` and concatenate the named outputs."""
+        parts = [self.infer(images[i:i + batch]) for i in range(0, len(images), batch)]
+        return {k: np.concatenate([p[k] for p in parts]) for k in outputs}
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release sessions, engines and device buffers."""
 
