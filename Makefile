@@ -6,8 +6,25 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_DIR ?= demo-bundle
+# `vitdeploy serve`'s Triton environment: the system python3 (PyTriton's backend stub embeds it), numpy<2
+SERVE_VENV ?= .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed-stamp
+# JetPack 5's Python 3.8 with the on-device core only (tests/test_device_subset.py, test_remote.py); skipped
+# with a note when this machine has no Python 3.8
+PY38_VENV ?= .venv-py38
+PY38_STAMP := $(PY38_VENV)/.installed-stamp
+# The compatibility lane (issue 14): a declared subset of the suite under the versions an NVIDIA PyTorch
+# image ships (constraints-compat.txt: onnxruntime 1.30.0, onnx 1.23.1, timm 1.0.29, transformers 5.17),
+# beside the pinned lane; torch stays on constraints.txt's builds on disk
+COMPAT_VENV ?= .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
+# (the version-sensitive paths: ORT quantization, calibration, check through ORT, profile on ORT and torch, timm/HF export)
+COMPAT_TESTS ?= tests/test_compat.py tests/test_calibration.py tests/test_profile_sweep.py tests/test_torch_modes.py \
+	tests/test_check.py::test_digits_bundle_passes_with_pytorch_accuracy tests/test_check.py::test_reduced_precision_digits_through_check \
+	tests/test_export_matrix.py::test_dynamic_resolution_matches_pytorch
+COMPAT_PYTEST_ARGS ?= -k "not vit_small_int8 and not within_1_2x and not compile_mode and not deit_tiny_distilled and not vit_tiny_gap"
 
-.PHONY: setup demo test clean
+.PHONY: setup serve-env demo test test-compat clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_trt_bindings.sh
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,13 +37,33 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_trt_bindings.sh
 
 setup: $(STAMP)
 
+$(SERVE_STAMP): pyproject.toml scripts/install_serve_env.sh
+	bash scripts/install_serve_env.sh $(SERVE_VENV)
+	touch $(SERVE_STAMP)
+
+serve-env: $(SERVE_STAMP)
+
+$(COMPAT_STAMP): pyproject.toml constraints.txt constraints-compat.txt
+	test -x $(COMPAT_VENV)/bin/python || $(PY) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install -q -c constraints.txt -c constraints-compat.txt -e '.[dev]'
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	VITDEPLOY_COMPAT_LANE=1 $(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_PYTEST_ARGS) $(COMPAT_TESTS)
+
+$(PY38_STAMP): pyproject.toml scripts/check_device_subset.sh
+	(bash scripts/check_device_subset.sh py38-env $(PY38_VENV) && mkdir -p $(PY38_VENV) && touch $(PY38_STAMP)) \
+		|| echo "warning: the Python 3.8 venv could not be made; tests/test_device_subset.py will say why"
+
 demo: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH bash scripts/demo.sh $(DEMO_DIR)
 
-test: $(STAMP)
-	# Debian packages for the C++ example's library tests (root or sudo; skipped tests say why otherwise)
-	bash scripts/install_system_deps.sh || echo "warning: could not install the C++ example's Debian packages (needs root or sudo); tests/test_cpp_example.py will fail"
+test: $(STAMP) $(SERVE_STAMP) $(PY38_STAMP)
+	# Debian packages for the C++ example's library tests and the sshd of the --on tests (root or sudo)
+	bash scripts/install_system_deps.sh || echo "warning: could not install the C++ example's Debian packages and OpenSSH (needs root or sudo); tests/test_cpp_example.py and tests/test_remote.py will fail"
 	$(BIN)/python -m pytest -q
+	$(MAKE) test-compat
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR)
+	rm -rf $(VENV) $(SERVE_VENV) $(PY38_VENV) $(COMPAT_VENV) $(DEMO_DIR)

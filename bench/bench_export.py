@@ -5,14 +5,21 @@
    graph runs at another resolution, and ORT latency.
 2. ONNX Runtime (CPU, N threads, batch 1) latency of the exported ViT-S/16 at 224 vs PyTorch eager
    doing the same preprocessing and forward, measured side by side (interleaved rounds).
+3. (issue 15, ``--scale``) the export at real model sizes, as a user runs it: ``vitdeploy export
+   timm:NAME -o DIR --dynamic-resolution`` under ``/usr/bin/time -v`` (wall time, peak RSS) with its
+   log (the verification plan and per-size PyTorch/ORT seconds), and each export step on its own in
+   this process (wall time and peak RSS per step, the high-water mark reset before each: source,
+   dynamo export, onnxslim, onnxslim's identity check, writing).
 
     python bench/bench_export.py --threads 2 --rounds 5 --iters 20 --json out.json
+    python bench/bench_export.py --scale vit_small_patch14_dinov2 --scale vit_base_patch16_224 --json scale.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -119,6 +126,75 @@ def ort_vs_torch(model_name: str, threads: int, rounds: int, iters: int, work: P
             "speedup": round(p50_t / p50_o, 2), "samples_each": len(ort_ms)}
 
 
+def export_steps(model_name: str) -> dict:
+    """Each step of a dynamic-resolution export of timm:``model_name`` (random init), in this process."""
+    import gc
+
+    from vitdeploy.exporters import api
+    from vitdeploy.exporters.onnx_export import export_graph, simplify_if_identical, strip_trace_metadata
+    from vitdeploy.profile.measure import current_rss_mb, peak_rss_mb, reset_peak_rss
+
+    steps: dict[str, dict] = {}
+    t0 = time.perf_counter()
+    reset_peak_rss()
+
+    def mark(name: str) -> None:
+        nonlocal t0
+        now = time.perf_counter()
+        steps[name] = {"s": round(now - t0, 2), "peak_rss_mb": round(peak_rss_mb()), "rss_after_mb": round(current_rss_mb() or 0)}
+        gc.collect()
+        reset_peak_rss()
+        t0 = time.perf_counter()
+
+    torch.manual_seed(0)
+    opts = ExportOptions(dynamic_resolution=True)
+    loaded = load_source(f"timm:{model_name}")
+    variant, resolution = api._variant(loaded, opts)
+    mark("load source (timm.create_model, random init)")
+    pre = api._preprocessing_contract(loaded, opts, resolution)
+    h, w = resolution["height"], resolution["width"]
+    module = DeployGraph(variant.model, pre, "uint8-nhwc", None).eval()
+    proto, _ = export_graph(module, api._example(opts, h, w, variant.spec.patch_size), dynamic_hw=True)
+    strip_trace_metadata(proto)
+    mark("torch.onnx.export (dynamo)")
+    import onnxslim
+
+    slim = onnxslim.slim(proto)
+    mark("onnxslim.slim")
+    probe = api._probe(opts, h, w)
+    _, record = simplify_if_identical(proto, probe)  # slims again, then runs both graphs on the probe
+    steps["onnxslim identity check (slim + 2 ORT sessions)"] = {}
+    mark("onnxslim identity check (slim + 2 ORT sessions)")
+    steps["onnxslim identity check (slim + 2 ORT sessions)"]["applied"] = record.get("applied")
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(slim, str(Path(tmp) / "m.onnx"))
+        size_mb = (Path(tmp) / "m.onnx").stat().st_size / 2**20
+    mark("onnx.save")
+    return {"model": model_name, "native": [h, w], "graph_mb": round(size_mb, 1), "nodes": len(slim.graph.node), "steps": steps}
+
+
+def export_cli(model_name: str, work: Path) -> dict:
+    """The user's command under /usr/bin/time -v: wall time, peak RSS and the verification lines of its log."""
+    import re
+    import subprocess
+    import sys
+
+    cli = Path(sys.executable).with_name("vitdeploy")
+    out = work / model_name
+    cmd = ["/usr/bin/time", "-v", str(cli), "export", f"timm:{model_name}", "-o", str(out), "--dynamic-resolution"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    text = proc.stdout + proc.stderr
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", text)
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    seconds = None
+    if wall:
+        parts = [float(p) for p in wall.group(1).split(":")]
+        seconds = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+    lines = [line for line in text.splitlines() if line.startswith(("exported", "verification", "check ", "simplified", "kept"))]
+    return {"command": " ".join(cmd[2:]), "exit": proc.returncode, "wall_s": seconds,
+            "peak_rss_mb": round(int(rss.group(1)) / 1024) if rss else None, "log": lines, "loadavg_after": os.getloadavg()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="vit_small_patch16_224")
@@ -126,7 +202,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--scale", action="append", default=[], metavar="TIMM_NAME",
+                        help="only part 3: time the dynamic-resolution export of this timm model (repeatable)")
     args = parser.parse_args()
+    if args.scale:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = {"machine": {"cpu": platform.processor() or platform.machine(), "loadavg_before": os.getloadavg()},
+                      "models": [{"cli": export_cli(name, Path(tmp)), "in_process": export_steps(name)} for name in args.scale]}
+        print(json.dumps(result, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         result = {

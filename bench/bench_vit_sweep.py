@@ -14,7 +14,8 @@ made by vitdeploy's own steps: fp16 by the exporter's precision pass, int8 by `v
 
 Where CUDA is available (torch sees a GPU) it also records the torch-CUDA backend for ViT-S/16 and
 ViT-B/16 at 224 and 384, fp16, batch 1 and 8 (the issue's GPU table), with the GPU's name; on a
-machine without a GPU that part is skipped and says so.
+machine without a GPU that part is skipped and says so. The torch cells run the profile's default
+`--torch-mode auto`; the per-mode comparison with bare PyTorch loops is bench/bench_torch_gpu.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from vitdeploy.errors import CheckFailed, UserError
 from vitdeploy.fileio import atomic_path, sha256_file
 from vitdeploy.lazy import require
 
-from .evaluate import GATED_EXECUTION, Gate, graph_logits, latency_ms, load_eval_data
+from .evaluate import GATED_EXECUTION, Gate, graph_outputs, latency_ms, load_eval_data
 from .exclusions import Exclusions, resolve
 from .qdq import METHODS, MIN_SAMPLES, Recipe, check_sample_count, compute_ranges, quantize_graph
 from .sources import open_source
@@ -58,6 +58,7 @@ def calibrate_bundle(
     if opts.sweep and not opts.sweep_methods:
         raise UserError("--sweep-methods is empty; name at least one of entropy, minmax, percentile")
     bundle = Bundle.open(path)
+    bundle.refuse_variable_size("calibrate")
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; calibrate writes model.int8.onnx into a bundle folder (export with -o DIR)")
     fp32 = bundle.artifact_path("fp32")
@@ -105,9 +106,10 @@ def calibrate_bundle(
         else:
             from .sweep import Trials, choice_rule, choose, render_table, run_ladder, run_sweep
 
-            fp32_logits = graph_logits(fp32, data.images, "all", opts.threads)
-            fp32_accuracy = float((fp32_logits.argmax(1) == data.labels).mean()) if data.labels is not None else None
-            trials = Trials(fp32, source, data, fp32_logits, fp32_accuracy, opts.target, bundle.manifest, work, opts.gate,
+            # logits, and the embedding when the bundle exports one: the gate reads both
+            fp32_ref = graph_outputs(fp32, data.images, "all", opts.threads)
+            fp32_accuracy = float((fp32_ref["logits"].argmax(1) == data.labels).mean()) if data.labels is not None else None
+            trials = Trials(fp32, source, data, fp32_ref, fp32_accuracy, opts.target, bundle.manifest, work, opts.gate,
                             threads=opts.threads, measure_latency=(mode == "sweep"), log=log, progress=progress)
             if mode == "sweep":
                 run_sweep(trials, opts.exclusions, methods)
@@ -184,4 +186,4 @@ def _evaluation(data: Any, fp32_accuracy: float | None, scores: dict[str, Any] |
 
 def _gate_text(gate: Gate) -> str:
     return (f"accuracy drop <= {gate.max_drop_points:g} points, top-1 agreement >= {gate.min_agreement:.0%}, "
-            f"logit cosine (1st percentile of images) >= {gate.min_cosine:g}")
+            f"logit (and embedding) cosine (1st percentile of images) >= {gate.min_cosine:g}")

@@ -39,9 +39,13 @@ class Gate:
     max_drop_points: float = 1.0  # accuracy may fall at most this many points below fp32
     min_agreement: float = 0.99  # top-1 agreement with the fp32 graph
     min_cosine: float = 0.99  # 1st percentile of the per-image logit cosines with fp32 (as `check`)
+    # the same 1st-percentile cosine on the embedding output, when the bundle exports one (as `check`)
 
     def verdict(self, fp32_accuracy: float | None, scores: dict[str, Any]) -> tuple[bool, list[str]]:
         failures = []
+        emb = scores.get("embedding_cosine_p1")
+        if emb is not None and emb < self.min_cosine:
+            failures.append(f"embedding cosine (1st percentile of images) {emb:.4f} < {self.min_cosine:g}")
         if scores["top1_agreement"] < self.min_agreement:
             failures.append(f"top-1 agreement {scores['top1_agreement']:.2%} < {self.min_agreement:.0%}")
         if scores["cosine_p1"] < self.min_cosine:
@@ -78,18 +82,42 @@ def load_eval_data(bundle: Bundle, spec: str | None, limit: int | None = None) -
 
 
 def graph_logits(path: str | Path, images: np.ndarray, optimization: str, threads: int | None = None) -> np.ndarray:
+    return graph_outputs(path, images, optimization, threads)["logits"]
+
+
+GATED_OUTPUTS = ("logits", "embedding")  # what the INT8 gate reads (the patch grid is `check`'s)
+
+
+def graph_outputs(path: str | Path, images: np.ndarray, optimization: str, threads: int | None = None) -> dict[str, np.ndarray]:
+    """The gated outputs the graph has: logits, and the embedding when the bundle exports one."""
     from vitdeploy.runtime.ort import OrtRunner
 
     runner = OrtRunner(path, optimization=optimization, threads=threads, providers=["CPUExecutionProvider"])
     try:
-        return runner.infer_batched(images, EVAL_BATCH, outputs=("logits",))["logits"]
+        names = tuple(n for n in GATED_OUTPUTS if n in runner.outputs())
+        if "logits" not in names:
+            from vitdeploy.errors import UserError
+
+            raise UserError(f"{Path(path).name} has no logits output: the INT8 gate scores accuracy and agreement on logits; "
+                            "calibrate without --eval-data, or export the bundle with --outputs logits,probs,embedding")
+        return runner.infer_batched(images, EVAL_BATCH, outputs=names)
     finally:
         runner.close()
 
 
-def scores(logits: np.ndarray, labels: np.ndarray | None, fp32_logits: np.ndarray) -> dict[str, Any]:
+def scores(logits: Any, labels: np.ndarray | None, fp32_logits: Any) -> dict[str, Any]:
+    """Task scores against fp32; ``logits``/``fp32_logits`` may be output dicts (logits, embedding)."""
     from vitdeploy.compare import cosine_percentile, cosine_rows
 
+    extra: dict[str, Any] = {}
+    if isinstance(logits, dict):
+        if "embedding" in logits and isinstance(fp32_logits, dict) and "embedding" in fp32_logits:
+            emb_cos = cosine_rows(fp32_logits["embedding"], logits["embedding"])
+            extra = {"embedding_cosine_p1": cosine_percentile(emb_cos), "embedding_cosine_min": float(emb_cos.min()),
+                     "embedding_max_abs": float(np.abs(logits["embedding"].astype(np.float64) - fp32_logits["embedding"]).max())}
+        logits = logits["logits"]
+    if isinstance(fp32_logits, dict):
+        fp32_logits = fp32_logits["logits"]
     pred = logits.argmax(axis=1)
     cosine = cosine_rows(fp32_logits, logits)
     return {
@@ -99,6 +127,7 @@ def scores(logits: np.ndarray, labels: np.ndarray | None, fp32_logits: np.ndarra
         "cosine_p1": cosine_percentile(cosine),  # what the gate reads, as in `check`
         "cosine_mean": float(cosine.mean()),
         "max_abs_logit_diff": float(np.abs(logits.astype(np.float64) - fp32_logits).max()),
+        **extra,
     }
 
 
@@ -106,7 +135,7 @@ def score_graph(path: str | Path, data: EvalData, fp32_logits: np.ndarray, threa
     """Accuracy and agreement of a Q/DQ graph in both executions."""
     out = {}
     for name, level in EXECUTIONS.items():
-        out[name] = {"optimization": level, **scores(graph_logits(path, data.images, level, threads), data.labels, fp32_logits)}
+        out[name] = {"optimization": level, **scores(graph_outputs(path, data.images, level, threads), data.labels, fp32_logits)}
     return out
 
 

@@ -19,10 +19,12 @@ from vitdeploy.fileio import atomic_path, atomic_write_json, ensure_writable_dir
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
 
+from .features import describe_outputs, output_doc, resolve_outputs
 from .graph import INPUT_FORMATS, DeployGraph
 from .onnx_export import OPSET, export_graph, module_output_map, patch_embed_tensors, simplify_if_identical, strip_trace_metadata
 from .regrid import make_dynamic, regrid_static
 from .sources import LoadedModel, load_source
+from .verify import verify_export  # noqa: F401 - export() calls it through this module (tests patch it here)
 
 RANDOM_INIT_SEED = 0  # timm/HF models without a checkpoint are seeded so the reference can be rebuilt
 
@@ -45,30 +47,60 @@ class ExportOptions:
     check: bool = True
     check_images: int = 64
     opset: int = OPSET
+    # --variable-size: (images in a canvas, valid_hw) input; see exporters/variable_export.py
+    variable_size: bool = False
+    canvas: tuple[int, int] | None = None
+    variable_policy: str = "fit-within"  # host policy recorded in the manifest (vitdeploy.variable.POLICIES)
+    # --outputs: any of logits, probs, embedding, patch_grid (exporters/features.py); None: logits,probs
+    # for a model with a head, embedding,patch_grid for a backbone without one
+    outputs: tuple[str, ...] | None = None
+    normalize_embedding: bool = False  # L2-normalise the embedding output inside the graph
 
 
 def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: ExportOptions | None = None,
            log: Callable[[str], None] = lambda _msg: None) -> Bundle:
     """Export ``source`` into the bundle folder ``out_dir`` and verify it against PyTorch."""
     opts = options or ExportOptions()
+    _validate_outputs(opts)
+    if opts.variable_size:
+        from .variable_export import export_variable_size
+
+        return export_variable_size(source, out_dir, opts, log)
     _validate_options(opts)
     out_dir = Path(out_dir)
     ensure_writable_dir(out_dir.parent)  # before minutes of export work, not after
     labels = read_labels(opts.labels_file) if opts.labels_file else None
     torch.manual_seed(RANDOM_INIT_SEED)
     loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs)
+    if opts.resolution:  # before the position table is resampled: refuse what cannot fit, in one line
+        from vitdeploy.costs import check_fits_memory
+
+        check_fits_memory(loaded.spec, *opts.resolution, what="--resolution")
     if loaded.source.get("random_init"):
         loaded.source["random_init_seed"] = RANDOM_INIT_SEED
+    outputs = resolve_outputs(loaded, opts.outputs)
+    if opts.normalize_embedding and "embedding" not in outputs:
+        raise UserError(f"--normalize-embedding applies to the embedding output, which this export does not write "
+                        f"(outputs {','.join(outputs)}); add --outputs {','.join(outputs)},embedding")
     variant, resolution = _variant(loaded, opts)
+    head = f"{loaded.spec.num_classes} classes" if loaded.spec.num_classes else "no classification head (a backbone)"
     log(f"source {loaded.source['kind']}:{loaded.source['name']} - {loaded.spec.depth} blocks, d={loaded.spec.embed_dim}, "
-        f"patch {loaded.spec.patch_size[0]}x{loaded.spec.patch_size[1]}, {loaded.spec.num_classes} classes")
+        f"patch {loaded.spec.patch_size[0]}x{loaded.spec.patch_size[1]}, {head}")
+    if opts.outputs is None and not loaded.spec.num_classes:
+        log("the model has no classification head: exporting outputs embedding,patch_grid (the pooled feature and the patch grid)")
+    else:
+        log(f"outputs: {','.join(outputs)}")
+    # the PyTorch reference (verification, `check`) returns the same outputs as the graph
+    variant.extra = {**variant.extra, "outputs": outputs, "normalize_embedding": opts.normalize_embedding}
 
     preprocessing = _preprocessing_contract(loaded, opts, resolution)
     height, width = resolution["height"], resolution["width"]
     resize_to = (height, width) if opts.resize else None
-    module = DeployGraph(variant.model, preprocessing, opts.input_format, resize_to).eval()
+    module = DeployGraph(variant.model, preprocessing, opts.input_format, resize_to, outputs=outputs, loaded=variant,
+                         normalize_embedding=opts.normalize_embedding).eval()
     example = _example(opts, height, width, variant.spec.patch_size)
-    model_proto, seconds = export_graph(module, example, dynamic_hw=opts.dynamic_resolution or opts.resize, opset=opts.opset)
+    model_proto, seconds = export_graph(module, example, dynamic_hw=opts.dynamic_resolution or opts.resize, opset=opts.opset,
+                                        output_names=outputs)
     log(f"exported with torch.onnx (dynamo, opset {opts.opset}) in {seconds:.1f} s: {len(model_proto.graph.node)} nodes")
     strip_trace_metadata(model_proto)
     modules = module_output_map(model_proto, [f"model.{m}" for m in torch_module_names(variant)])
@@ -78,6 +110,9 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         log("simplified with onnxslim (outputs identical)" if simplify_record.get("applied") else f"kept the exporter's graph: {simplify_record.get('reason')}")
     tensors = {node_out for node in model_proto.graph.node for node_out in node.output}
     modules = {m: t for m, t in modules.items() if t in tensors}  # a simplifier may rename a few
+    grid_of = (f"model input after the in-graph resize to {height}x{width}" if opts.resize else "input image")
+    output_details = describe_outputs(variant, outputs, opts.normalize_embedding, dynamic_grid=opts.dynamic_resolution, grid_of=grid_of)
+    _document_outputs(model_proto, output_details)
 
     manifest = {
         "format": FORMAT,
@@ -96,7 +131,9 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
             "torch_version": torch.__version__,
             "input": {"name": "images", "dtype": "uint8" if opts.input_format == "uint8-nhwc" else "float32",
                       "layout": "NHWC" if opts.input_format == "uint8-nhwc" else "NCHW"},
-            "outputs": ["logits", "probs"],
+            "outputs": list(outputs),
+            # what each output holds: shape, read-out, normalisation, grid order, dropped tokens
+            "output_details": output_details,
             # ONNX tensors holding PyTorch module outputs (for `check` localisation) and the
             # patch-embedding Conv (for the preprocessing and patch-grid protocol checks)
             "module_outputs": {m.removeprefix("model."): t for m, t in modules.items()},
@@ -127,6 +164,49 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
             add_fp16_to_bundle(bundle, keep_fp32_ops=opts.keep_fp32)
             log("wrote model.fp16.onnx (LayerNorm, Softmax and preprocessing kept in fp32)")
     return Bundle.open(out_dir)
+
+
+def _validate_outputs(opts: ExportOptions) -> None:
+    from .features import parse_outputs
+
+    opts.outputs = parse_outputs(opts.outputs)
+    if opts.normalize_embedding and opts.outputs is not None and "embedding" not in opts.outputs:
+        raise UserError("--normalize-embedding applies to the embedding output; add embedding to --outputs")
+    if opts.variable_size and opts.outputs not in (None, ("logits", "probs")):
+        # one padded canvas holds images of different grids: a single [B, d, G_h, G_w] tensor has no
+        # defined grid, and the masked read-out is not the model's own pre-logits path
+        raise UserError("--outputs other than logits,probs is not available with --variable-size: each image has its own "
+                        "patch grid inside the canvas; export a static or --dynamic-resolution graph for embedding/patch_grid")
+
+
+def _document_outputs(model_proto: Any, details: dict[str, dict[str, Any]]) -> None:
+    """Each graph output's doc_string says what it holds (what Netron and onnx.helper show)."""
+    from .onnx_export import _name_grid_axes
+
+    _name_grid_axes(model_proto)  # again: the simplifier may have rewritten the output shapes
+    _leaf_outputs(model_proto)
+    for value in model_proto.graph.output:
+        if value.name in details:
+            value.doc_string = output_doc(value.name, details[value.name])
+
+
+def _leaf_outputs(model_proto: Any) -> None:
+    """A graph output that other nodes also read (the embedding feeds the head's Gemm) gets its own
+    Identity, so every output is a leaf: the fp16 pass keeps graph outputs fp32 (keep_io_types) and
+    would otherwise hand the fp16 Gemm a float input."""
+    from onnx import helper
+
+    graph = model_proto.graph
+    consumed = {name for node in graph.node for name in node.input}
+    for value in graph.output:
+        # logits feed only Softmax, which the fp16 pass keeps fp32: classifier graphs stay as they were
+        if value.name not in consumed or value.name not in ("embedding", "patch_grid"):
+            continue
+        inner = f"{value.name}_value"
+        for node in graph.node:
+            node.output[:] = [inner if o == value.name else o for o in node.output]
+            node.input[:] = [inner if i == value.name else i for i in node.input]
+        graph.node.append(helper.make_node("Identity", [inner], [value.name], name=f"{value.name}_output"))
 
 
 def _validate_options(opts: ExportOptions) -> None:
@@ -241,38 +321,6 @@ def torch_module_names(loaded: LoadedModel) -> list[str]:
         head = "hf.cls_classifier" if "hf.cls_classifier" in names else "hf.classifier"
         return [f"{blocks}.{i}" for i in range(depth)] + [f"{base}.layernorm", head]
     return [f"blocks.{i}" for i in range(depth)] + ["norm", "head"]
-
-
-# -- verification ----------------------------------------------------------------------------------
-def verify_export(bundle: Bundle, variant: LoadedModel, count: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """ORT vs PyTorch on seeded uint8 images at every size the graph declares."""
-    from vitdeploy.checks.inputs import random_sets
-    from vitdeploy.compare import compare_outputs
-    from vitdeploy.runtime.ort import OrtRunner
-
-    from .torch_runner import TorchRunner
-
-    pre = bundle.preprocessing
-    resize = tuple(pre["in_graph_resize"]["to"]) if pre.get("in_graph_resize") else None
-    ort_runner = OrtRunner(bundle.artifact_path("fp32"))
-    torch_runner = TorchRunner(variant, pre, resize_to=resize)
-    results, failures = [], []
-    for index, eval_set in enumerate(random_sets(bundle, count, seed=0)):
-        h, w = eval_set.meta["height"], eval_set.meta["width"]
-        images = eval_set.images
-        if pre.get("input") == "float-nchw":
-            images = np.random.default_rng(index).standard_normal((count, 3, h, w)).astype(np.float32)
-        ref = torch_runner.infer_batched(images, 16)
-        got = ort_runner.infer_batched(images, 16)
-        stats = compare_outputs("logits", ref["logits"], got["logits"])
-        limit = 1e-3 if resize else 1e-4  # in-graph uint8 resize: ORT's and torch's bilinear differ in rounding
-        ok = stats.max_abs <= limit and stats.top1_agreement == 1.0
-        results.append({"height": h, "width": w, "images": count, "seed": eval_set.meta["seed"], "limit_max_abs": limit, **stats.to_dict(), "passed": ok})
-        log(f"check {h}x{w}: max |dlogit| {stats.max_abs:.2e}, top-1 agreement {stats.top1_agreement:.0%} on {count} images"
-            f" -> {'ok' if ok else 'FAIL'}")
-        if not ok:
-            failures.append(f"{h}x{w}: max |dlogit| {stats.max_abs:.2e} (limit {limit:g}), top-1 agreement {stats.top1_agreement:.1%}")
-    return {"passed": not failures, "failures": failures, "sizes": results, "graph_sha256": bundle.artifact_record("fp32").get("sha256")}
 
 
 # -- re-loading a bundle's source -------------------------------------------------------------------

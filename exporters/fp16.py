@@ -32,7 +32,8 @@ from vitdeploy.fileio import atomic_path, sha256_file
 from vitdeploy.lazy import require
 
 # Op types that always stay fp32 in a vitdeploy fp16 graph (see the module docstring for why).
-ALWAYS_FP32_OPS = ("LayerNormalization", "Softmax")
+# Sin/Cos: rotary angles (EVA-02, RoPE ViTs) grow with the grid; timm computes them in fp32.
+ALWAYS_FP32_OPS = ("LayerNormalization", "Softmax", "Sin", "Cos")
 # Numeric sanity of a fresh conversion: seeded images through both graphs.
 SANITY_IMAGES = 8
 SANITY_SEED = 0
@@ -99,6 +100,7 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = ()) -> Pat
     The new graph is loaded and run on seeded images before it replaces anything: a graph ONNX
     Runtime cannot run never lands in the bundle.
     """
+    bundle.refuse_variable_size("the fp16 pass")
     onnx = require("onnx", "the fp16 pass")
     src = bundle.artifact_path("fp32")
     if bundle.bare_onnx is not None:
@@ -133,6 +135,11 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
     core = manifest if manifest is not None else _embedded_core(model)
     patch = ((core or {}).get("graph") or {}).get("patch_embed") or {}
     pre_nodes = preprocessing_nodes(model, patch.get("input"))
+    # position machinery (exporters/position_nodes.py): the in-graph table/bias/sin-cos computation
+    # and the rotary multiplies stay fp32, as timm computes them under autocast
+    from .position_nodes import fp32_position_nodes
+
+    position_nodes = [n for n in fp32_position_nodes(model) if n not in set(pre_nodes)]
     block_ops = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(ALWAYS_FP32_OPS) | set(user_ops))
     source_sha = sha256_file(src)
 
@@ -143,7 +150,7 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
             model,
             keep_io_types=True,  # uint8 in, fp32 logits/probs out: the bundle's contract does not change
             op_block_list=block_ops,
-            node_block_list=pre_nodes,
+            node_block_list=pre_nodes + position_nodes,
         )
     clamped = sum(1 for w in caught if "truncated" in str(w.message))
     _drop_fp16_casts_on_outputs(converted)
@@ -166,6 +173,7 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
         "user_kept_fp32_op_types": user_ops,
         "converter_default_block_list_in_graph": sorted(set(float16.DEFAULT_OP_BLOCK_LIST) & set(present)),
         "preprocessing_nodes_fp32": len(pre_nodes),
+        "position_nodes_fp32": len(position_nodes),
         "weights_clamped_to_fp16_range": clamped,
         "placement": {k: v for k, v in placement.items() if k != "violations"},
         "from_fp32_sha256": source_sha,
@@ -183,12 +191,15 @@ def numeric_sanity(fp32_path: Path, fp16_path: Path, bundle: Bundle) -> dict[str
 
     height, width = _input_size(bundle)
     images = random_images(SANITY_IMAGES, height, width, seed=SANITY_SEED)
-    ref = OrtRunner(fp32_path, providers=["CPUExecutionProvider"]).infer(images)["logits"]
-    got = OrtRunner(fp16_path, precision="fp16", providers=["CPUExecutionProvider"]).infer(images)["logits"]
+    ref_all = OrtRunner(fp32_path, providers=["CPUExecutionProvider"]).infer(images)
+    name = "logits" if "logits" in ref_all else "embedding" if "embedding" in ref_all else next(iter(ref_all))  # a backbone graph
+    ref = ref_all[name]
+    got = OrtRunner(fp16_path, precision="fp16", providers=["CPUExecutionProvider"]).infer(images)[name]
     return {
         "images": SANITY_IMAGES,
         "seed": SANITY_SEED,
         "size": [height, width],
+        "output": name,
         "max_abs_logit_diff": float(np.abs(ref.astype(np.float64) - got).max()),
         "top1_agreement": float((ref.argmax(1) == got.argmax(1)).mean()),
     }

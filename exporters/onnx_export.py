@@ -24,8 +24,9 @@ INPUT_NAME = "images"
 OUTPUT_NAMES = ("logits", "probs")
 
 
-def export_graph(module: torch.nn.Module, example: torch.Tensor, dynamic_hw: bool, opset: int = OPSET) -> tuple[Any, float]:
-    """Export ``module`` (images -> (logits, probs)); returns (onnx.ModelProto, seconds)."""
+def export_graph(module: torch.nn.Module, example: torch.Tensor, dynamic_hw: bool, opset: int = OPSET,
+                 output_names: tuple[str, ...] = OUTPUT_NAMES) -> tuple[Any, float]:
+    """Export ``module`` (images -> its declared outputs, in order); returns (onnx.ModelProto, seconds)."""
     from torch.export import Dim
 
     axes = {0: Dim.DYNAMIC}
@@ -43,12 +44,14 @@ def export_graph(module: torch.nn.Module, example: torch.Tensor, dynamic_hw: boo
             dynamo=True,
             opset_version=opset,
             input_names=[INPUT_NAME],
-            output_names=list(OUTPUT_NAMES),
+            output_names=list(output_names),
             dynamic_shapes={"images": axes},
             external_data=False,
         )
     model = program.model_proto
+    drop_initializer_value_info(model)
     _name_dynamic_axes(model, dynamic_hw, hw_axes if dynamic_hw else ())
+    _name_grid_axes(model)
     return model, time.perf_counter() - start
 
 
@@ -92,6 +95,24 @@ def patch_embed_tensors(model: Any) -> dict[str, str] | None:
     return None
 
 
+def drop_initializer_value_info(model: Any) -> int:
+    """Remove value_info entries that describe initializers; returns how many.
+
+    The dynamo exporter declares every weight twice: as an initializer and again in value_info. The
+    copy is redundant (an initializer carries its own type and shape) and goes stale when a tool
+    rewrites the weight: onnxruntime 1.30's quantizer turns Gemm into MatMul by transposing the
+    head's weight in place ([K, d] -> [d, K]) without touching value_info, and its shape inference
+    then fails with "Inferred shape and existing shape differ in dimension 0: (d) vs (K)" (issue 14).
+    """
+    weights = {init.name for init in model.graph.initializer}
+    keep = [value for value in model.graph.value_info if value.name not in weights]
+    dropped = len(model.graph.value_info) - len(keep)
+    if dropped:
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(keep)
+    return dropped
+
+
 def strip_trace_metadata(model: Any) -> None:
     """Drop the exporter's bulky per-node stack traces; keep only the module scopes."""
     for node in model.graph.node:
@@ -115,6 +136,17 @@ def _name_dynamic_axes(model: Any, dynamic_hw: bool, hw_axes: tuple[int, ...]) -
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param in renames:
                 dim.dim_param = renames[dim.dim_param]
+
+
+def _name_grid_axes(model: Any) -> None:
+    """A dynamic patch_grid output [B, d, G_h, G_w]: call its symbolic grid axes grid_h, grid_w."""
+    for value in model.graph.output:
+        if value.name != "patch_grid":
+            continue
+        dims = value.type.tensor_type.shape.dim
+        for axis, name in ((2, "grid_h"), (3, "grid_w")):
+            if len(dims) > axis and not dims[axis].HasField("dim_value"):
+                dims[axis].dim_param = name
 
 
 def simplify_if_identical(model: Any, probe: np.ndarray) -> tuple[Any, dict[str, Any]]:

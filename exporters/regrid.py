@@ -6,7 +6,8 @@ Dynamic: the model resamples the table inside forward from the input's H/W, so t
 carries one Resize whose output size comes from the input shape.
 
 Every path uses one named convention (vitdeploy.posembed.PosEmbedInterpolation), recorded in the
-manifest. The default, bicubic / align_corners=False / no antialias, is what TensorRT's ONNX
+manifest. BEiT's relative-position bias tables and EVA/RoPE rotary frequencies follow timm's own
+rules (exporters/relpos.py, exporters/rotary.py), named in the spec. The default, bicubic / align_corners=False / no antialias, is what TensorRT's ONNX
 parser implements; timm's own default antialiases when shrinking, so below the native grid our
 tables differ from timm's on purpose (upsampling is identical).
 """
@@ -14,6 +15,7 @@ tables differ from timm's on purpose (upsampling is identical).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import types
 from typing import Any
 
@@ -22,6 +24,9 @@ import torch
 from vitdeploy.errors import UserError
 from vitdeploy.posembed import PosEmbedInterpolation, resample_pos_embed
 
+from .families import TIMM_BEIT, TIMM_EVA
+from .relpos import beit_dynamic, beit_static, default_max_grid
+from .rotary import eva_dynamic, eva_static
 from .sources import LoadedModel
 
 
@@ -35,6 +40,10 @@ def regrid_static(loaded: LoadedModel, height: int, width: int, interp: PosEmbed
         from vitdeploy.model import with_resolution
 
         model = with_resolution(loaded.model, height, width, interp)
+    elif loaded.family == TIMM_BEIT:
+        model = beit_static(loaded.model, (height, width), interp, spec.native_grid)
+    elif loaded.family == TIMM_EVA:
+        model = eva_static(loaded.model, (height, width), interp, spec.native_grid, spec.pos_embed_prefix_rows)
     else:
         model = copy.deepcopy(loaded.model)
         holder, attr = _table_holder(model, loaded.family)
@@ -59,6 +68,14 @@ def make_dynamic(loaded: LoadedModel, interp: PosEmbedInterpolation) -> LoadedMo
         model.interpolation = interp
     elif loaded.family == "timm":
         model = _timm_dynamic(loaded, interp)
+    elif loaded.family == TIMM_BEIT:
+        max_grid = default_max_grid(loaded.spec.native_grid)
+        model = beit_dynamic(loaded.model, interp, max_grid)
+        if loaded.spec.rel_pos_bias:  # the graph carries resampling weights up to this grid: declare it
+            out.spec = dataclasses.replace(loaded.spec, max_grid=max_grid)
+    elif loaded.family == TIMM_EVA:
+        model = eva_dynamic(loaded.model, loaded.source["name"], loaded.source.get("model_kwargs") or {},
+                            loaded.spec.num_classes, interp, loaded.spec.pos_embed_prefix_rows)
     else:
         if interp != PosEmbedInterpolation("bicubic", False, False):
             raise UserError(

@@ -29,7 +29,7 @@ class LoadedModel:
     preprocessing: dict[str, Any]  # mean, std, scale, channel_order, host_resize, input_size
     labels: list[str]
     source: dict[str, Any]  # kind, name, checkpoint, weights_sha256, ...
-    family: str = "reference"  # how to re-grid its position table: reference | timm | hf
+    family: str = "reference"  # how to re-grid its positions: reference | timm | timm-beit | timm-eva | hf
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,8 +103,15 @@ def load_state_dict(path: str | Path) -> dict[str, Any]:
         except (SafetensorError, OSError, ValueError) as exc:
             raise UserError(f"checkpoint {path} is not a readable safetensors file ({exc})") from None
     torch = require("torch", "loading checkpoints")
+    import warnings
+
     try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        # The weights-only unpickler warns about pickle protocols it was not written for (a plain
+        # pickle.dump checkpoint) before it refuses or loads; that line would precede our one-line
+        # error, so its warnings are kept to this call.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError, RuntimeError, ... depending on what is inside
         raise UserError(
             f"checkpoint {path} cannot be loaded without executing code ({exc.__class__.__name__}); "
@@ -213,13 +220,17 @@ def _load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None
         model = timm.create_model(name, pretrained=False, **kwargs)
     except Exception as exc:
         raise UserError(f"timm cannot build {name!r} with {kwargs}: {exc}") from None
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    from .families import TIMM_BEIT, TIMM_EVA, spec_from_beit, spec_from_eva, timm_family
 
-    if not isinstance(model, TimmViT):
-        raise UserError(f"timm model {name!r} is a {type(model).__name__}, not a ViT-family model vitdeploy can export")
+    family = timm_family(model, name)  # ViT, BEiT (relative bias) or EVA (rotary); else one line why not
     if state is not None:
         apply_state_dict(model, state, str(checkpoint))
-    spec = spec_from_timm(model, name)
+    if family == TIMM_BEIT:
+        spec = spec_from_beit(model, name)
+    elif family == TIMM_EVA:
+        spec = spec_from_eva(model, name)
+    else:
+        spec = spec_from_timm(model, name)
     cfg = model.pretrained_cfg
     crop_pct = cfg.get("crop_pct")
     pre = {
@@ -244,7 +255,7 @@ def _load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None
         "timm_version": timm.__version__,
         "random_init": checkpoint is None,
     }
-    return LoadedModel(model, spec, pre, labels, source, family="timm")
+    return LoadedModel(model, spec, pre, labels, source, family=family)
 
 
 def _timm_labels(num_classes: int) -> list[str]:
@@ -263,7 +274,9 @@ def _timm_labels(num_classes: int) -> list[str]:
 def spec_from_timm(model: Any, name: str) -> ViTSpec:
     blocks = list(model.blocks)
     embed_dim = int(model.embed_dim)
-    hidden = int(blocks[0].mlp.fc1.out_features) if hasattr(blocks[0].mlp, "fc1") else 4 * embed_dim
+    from .families import mlp_shape
+
+    mlp_ratio, mlp_kind = mlp_shape(blocks[0], embed_dim)  # plain fc1/fc2, or gated (SwiGLU/GLU)
     num_heads = int(blocks[0].attn.num_heads)
     dist = 1 if getattr(model, "dist_token", None) is not None else 0
     regs = int(model.reg_token.shape[1]) if getattr(model, "reg_token", None) is not None else 0
@@ -281,7 +294,8 @@ def spec_from_timm(model: Any, name: str) -> ViTSpec:
         num_heads=num_heads,
         num_classes=int(model.num_classes),
         in_chans=int(model.patch_embed.proj.in_channels),
-        mlp_ratio=hidden / embed_dim,
+        mlp_ratio=mlp_ratio,
+        mlp_kind=mlp_kind,
         class_token=model.cls_token is not None,
         num_reg_tokens=regs,
         num_distill_tokens=dist,

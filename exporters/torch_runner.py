@@ -18,12 +18,21 @@ from vitdeploy.errors import UserError
 from vitdeploy.preprocess import normalise
 from vitdeploy.runtime.base import Runner, RunnerInfo, TensorInfo
 
+from .features import default_outputs, forward_outputs
 from .sources import LoadedModel
 
 
 class TorchRunner(Runner):
+    """Returns every output the deployed graph declares, by name (``outputs()``).
+
+    The output set comes from ``outputs``, else from ``loaded.extra["outputs"]`` (set by the export
+    that made the graph), else the model's default (logits, probs; embedding, patch_grid without a
+    head). The embedding is L2-normalised when the graph's is.
+    """
+
     def __init__(self, loaded: LoadedModel, preprocessing: dict[str, Any], device: str = "cpu", dtype: str = "fp32",
-                 resize_to: tuple[int, int] | None = None, threads: int | None = None):
+                 resize_to: tuple[int, int] | None = None, threads: int | None = None,
+                 outputs: tuple[str, ...] | None = None, normalize_embedding: bool | None = None):
         if threads:
             torch.set_num_threads(int(threads))
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -38,6 +47,8 @@ class TorchRunner(Runner):
         self.device = device
         self.preprocessing = preprocessing
         self.resize_to = resize_to
+        self.output_names = tuple(outputs or loaded.extra.get("outputs") or default_outputs(loaded))
+        self.normalize_embedding = bool(loaded.extra.get("normalize_embedding", False) if normalize_embedding is None else normalize_embedding)
         self.info = RunnerInfo(backend="torch", precision=dtype, device=device,
                                details={"torch": torch.__version__, "threads": torch.get_num_threads(), "source": loaded.source.get("name")})
 
@@ -50,13 +61,16 @@ class TorchRunner(Runner):
         loaded = loaded_for_bundle(bundle, resolution)
         pre = bundle.preprocessing
         resize = tuple(pre["in_graph_resize"]["to"]) if pre.get("in_graph_resize") else None
-        return cls(loaded, pre, device=device, dtype=dtype, resize_to=resize, threads=threads)
+        graph = bundle.manifest.get("graph", {})
+        outputs = tuple(graph.get("outputs") or ()) or None
+        l2 = bool((graph.get("output_details") or {}).get("embedding", {}).get("l2_normalized", False))
+        return cls(loaded, pre, device=device, dtype=dtype, resize_to=resize, threads=threads, outputs=outputs, normalize_embedding=l2)
 
     def inputs(self) -> list[TensorInfo]:
         return [TensorInfo("images", "uint8", ("batch", "height", "width", 3))]
 
     def outputs(self) -> list[str]:
-        return ["logits", "probs"]
+        return list(self.output_names)
 
     def preprocess(self, batch: np.ndarray) -> torch.Tensor:
         if self.preprocessing.get("input") == "float-nchw":
@@ -74,10 +88,12 @@ class TorchRunner(Runner):
     @torch.no_grad()
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         x = self.preprocess(batch).to(self.device, self.torch_dtype)
-        logits = self.model(x).float()
+        out = forward_outputs(self.loaded, x, self.output_names, self.normalize_embedding, model=self.model)
+        if "probs" in out:  # softmax in fp32 even for an fp16 model, as the deployed graph does
+            out["probs"] = torch.softmax(out["logits"].float(), -1)
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
-        return {"logits": logits.cpu().numpy(), "probs": torch.softmax(logits, -1).cpu().numpy()}
+        return {name: value.float().cpu().numpy() for name, value in out.items()}
 
     @torch.no_grad()
     def capture(self, batch: np.ndarray, module_names: list[str]) -> dict[str, np.ndarray]:

@@ -58,6 +58,9 @@ def _variant_bundle(bundle: Bundle, height: int, width: int, log: Callable[[str]
         input_format=pre.get("input", "uint8-nhwc"),
         interpolation=PosEmbedInterpolation.from_dict(interp),
         check_images=16,
+        # the same outputs as the parent graph (a features bundle profiles its features)
+        outputs=tuple((bundle.manifest.get("graph") or {}).get("outputs") or ()) or None,
+        normalize_embedding=bool(((bundle.manifest.get("graph") or {}).get("output_details") or {}).get("embedding", {}).get("l2_normalized")),
     )
     log(f"exporting a {height}x{width} variant of {bundle.root.name} (position table re-interpolated)")
     variant = export(source, root, options)

@@ -19,6 +19,10 @@ vitdeploy calibrate "$B"
 step "4/8 check every graph against PyTorch: numbers, accuracy on the test split, protocol"
 vitdeploy check "$B"
 
+step "4b/8 evaluate: is each graph fit for shifted conditions? (JPEG, occlusion, background; 120 test images) and an occlusion map"
+vitdeploy evaluate "$B" --suite jpeg,occlusion,background-solid --limit 120 --threads 1
+vitdeploy evaluate "$B" --occlusion-map digits:test --limit 16 --threads 1
+
 step "5/8 profile latency and throughput against the cost model (static graph: other sizes are re-exported)"
 vitdeploy profile "$B" --resolutions 24,32,48 --batch 1,8 --precision fp32,int8 --backend ort,torch --threads 1 --iterations 50 --rounds 10
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian/Ubuntu packages the C++ example's library tests need (tests/test_cpp_example.py):
-# a compiler, CMake, and the header libraries the example builds on. Idempotent: installs only what
+# a compiler, CMake, and the header libraries the example builds on; and OpenSSH for the `--on HOST`
+# round-trip tests (tests/test_remote.py). Idempotent: installs only what
 # is missing, and does nothing (not even `apt-get update`) when everything is already there.
 #
 #   bash scripts/install_system_deps.sh          # install what is missing (root, or sudo)
@@ -15,6 +16,8 @@ PACKAGES=(
     nlohmann-json3-dev   # manifest.json / engine.json reading
     libstb-dev           # stb_image (decode) + stb_image_resize (the host resize rule)
     libexif-dev          # EXIF orientation, so C++ rotates photos like the Python side does
+    openssh-client       # `--on HOST`: ssh to the device (tests/test_remote.py)
+    openssh-server       # tests/test_remote.py starts its own sshd on 127.0.0.1 as the "device" (not as a service)
 )
 
 missing=()

@@ -3,6 +3,7 @@
 
     python scripts/train_digits.py                      # rebuild vitdeploy/builtin/digits.{safetensors,json}
     python scripts/train_digits.py --epochs 1 --limit 128 --out /tmp/digits   # smoke run
+    python scripts/train_digits.py --mixup 0.2 --out /tmp/digits-mixup       # Mixup (soft labels)
 
 Data, image rule and split: ``vitdeploy.builtin.digits`` (the same functions evaluation uses).
 Preprocessing x = (p/255 - mean)/std with per-channel mean/std measured on the training split only;
@@ -59,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (part of what makes a run reproducible)")
     p.add_argument("--limit", type=int, default=None, help="train on the first N training images only (smoke runs)")
+    p.add_argument("--mixup", type=float, default=0.0, metavar="ALPHA",
+                   help="Mixup with lambda ~ Beta(ALPHA, ALPHA) and the soft-label loss (0: off)")
     return p.parse_args(argv)
 
 
@@ -98,6 +101,35 @@ def sincos_pos_table(grid: tuple[int, int], dim: int) -> torch.Tensor:
         parts += [angles.sin(), angles.cos()]
     table = torch.cat(parts, dim=1)
     return torch.nn.functional.pad(table, (0, dim - table.shape[1])).float()
+
+
+def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against soft labels, averaged over the batch: -sum_k y_k log softmax(z)_k.
+
+    Cross-entropy is linear in the target, so on a Mixup pair this equals
+    lambda * CE(z, y_i) + (1 - lambda) * CE(z, y_j) (chapter 39.6; Zhang et al. 2018). The chapter's
+    example: labels (0.7, 0.3), prediction (0.8, 0.2) -> -0.7 log 0.8 - 0.3 log 0.2 = 0.6390.
+    """
+    return -(targets * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
+
+
+def soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
+    """One-hot rows with label smoothing (the same targets F.cross_entropy(label_smoothing=) uses)."""
+    onehot = F.one_hot(labels, num_classes).float()
+    return onehot * (1.0 - smoothing) + smoothing / num_classes
+
+
+def mixup_batch(x: torch.Tensor, targets: torch.Tensor, alpha: float, rng: np.random.Generator,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Mix each image with a partner from the same batch (a seeded permutation), one lambda per batch.
+
+    Inputs and soft labels are combined with the same lambda ~ Beta(alpha, alpha): the mixed image is
+    a synthetic input with a soft supervision target, not a claim that such an image belongs to both
+    classes in the world.
+    """
+    lam = float(rng.beta(alpha, alpha))
+    partner = torch.randperm(len(x), generator=generator)
+    return lam * x + (1.0 - lam) * x[partner], lam * targets + (1.0 - lam) * targets[partner], lam
 
 
 def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
@@ -145,6 +177,8 @@ def train_model(spec, x_train, y_train, normalize, args, generator, start, on_ep
     warmup_steps = min(args.warmup_epochs * steps_per_epoch, max(1, total_steps // 10))
     print(f"train {len(x_train)} images, {count_parameters(model):,} parameters, {total_steps} steps")
 
+    mixup_alpha = float(getattr(args, "mixup", 0.0) or 0.0)
+    mix_rng = np.random.default_rng(args.seed)  # lambda draws; the pairing uses the torch generator
     step = 0
     for epoch in range(args.epochs):
         model.train()
@@ -153,7 +187,12 @@ def train_model(spec, x_train, y_train, normalize, args, generator, start, on_ep
         for i in range(0, len(order), args.batch_size):
             idx = order[i : i + args.batch_size]
             xb = normalize(random_shift(x_train[idx], args.max_shift, generator))
-            loss = F.cross_entropy(model(xb), y_train[idx], label_smoothing=args.label_smoothing)
+            if mixup_alpha > 0:
+                targets = soft_targets(y_train[idx], spec.num_classes, args.label_smoothing)
+                xb, targets, _lam = mixup_batch(xb, targets, mixup_alpha, mix_rng, generator)
+                loss = soft_cross_entropy(model(xb), targets)
+            else:
+                loss = F.cross_entropy(model(xb), y_train[idx], label_smoothing=args.label_smoothing)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, warmup_steps, args.lr)
             optimizer.zero_grad(set_to_none=True)
@@ -172,6 +211,8 @@ def train_model(spec, x_train, y_train, normalize, args, generator, start, on_ep
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.mixup < 0:
+        raise SystemExit(f"--mixup ALPHA must be >= 0 (0 turns Mixup off), got {args.mixup}")
     start = time.perf_counter()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -239,7 +280,9 @@ def main(argv: list[str] | None = None) -> dict:
             "optimizer": {"name": "AdamW", "lr": args.lr, "weight_decay": args.weight_decay, "schedule": "linear warm-up, cosine decay",
                           **schedule, "grad_clip": 1.0},
             "label_smoothing": args.label_smoothing,
-            "augmentation": f"random integer shift up to {args.max_shift} px, zero fill",
+            "augmentation": f"random integer shift up to {args.max_shift} px, zero fill"
+                            + (f"; Mixup lambda ~ Beta({args.mixup}, {args.mixup}) per batch, soft-label cross-entropy" if args.mixup else ""),
+            "mixup_alpha": args.mixup or None,
             "linear_init": args.linear_init,
             "pos_embed_init": args.pos_init if args.pos_init == "random" else f"2-D sin-cos x {args.pos_init_scale}",
             "limit": args.limit,

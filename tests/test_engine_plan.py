@@ -61,6 +61,8 @@ def test_capability_table_follows_the_api_history():
     assert not c85.builder_optimization_level and c86.builder_optimization_level
     assert not c103.same_compute_capability and c109.same_compute_capability
     assert [c.trtexec_strongly_typed_flag for c in (c86, c103, c11)] == [False, True, False]
+    # trtexec 8.5 has --buildOnly; 8.6 renamed it --skipInference (sampleOptions.cpp, release/8.5 vs 8.6)
+    assert [c.trtexec_skip_inference for c in (c85, c86, c103, c11)] == [False, True, True, True]
 
 
 # -- parsers --------------------------------------------------------------------------------------

@@ -144,3 +144,30 @@ def test_dynamic_resolution_matches_pytorch(model, checkpoints, export_cached):
     dims = onnx.load(str(bundle.artifact_path("fp32"))).graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_param for d in dims[:3]] == ["batch", "height", "width"]
     assert bundle.preprocessing["input_size"] is None
+
+
+@pytest.mark.parametrize("mode", ["native", "static", "dynamic"])
+@pytest.mark.parametrize("model", MODELS)
+def test_trt8_lint_and_lowering(model, mode, checkpoints, export_cached, tmp_path):
+    """TensorRT 8.5/8.6 cannot parse today's graphs (Gelu; 8.5 also LayerNormalization; opset 20); the
+    lowered graphs parse by the rules read from their parser sources and equal the bundle graph to 1e-5."""
+    import onnx
+
+    from vitdeploy.engine.lint import lint_model
+    from vitdeploy.engine.lowering import lower_for, verify
+    from vitdeploy.engine.parser_rules import RULES
+
+    entry = checkpoints[model]
+    extra = {"native": {}, "static": {"resolution": _static_size(model)}, "dynamic": {"dynamic_resolution": True}}[mode]
+    bundle = export_cached(entry["source"], **extra, **entry["options"])
+    source = bundle.artifact_path("fp32")
+    graph = onnx.load(str(source))
+    for key, missing in (("8.5", {"Gelu", "LayerNormalization"}), ("8.6", {"Gelu"})):
+        found = {f.op_type for f in lint_model(graph, RULES[key]).findings if f.rule.startswith("no importer")}
+        assert found == missing
+        lowered, _ = lower_for(graph, RULES[key])
+        assert lint_model(lowered, RULES[key]).findings == []
+        path = tmp_path / f"model.trt{key}.onnx"
+        onnx.save(lowered, str(path))
+        record = verify(source, path, "fp32", bundle, random_count=2)
+        assert all(g["value"] <= 1e-5 for g in record["gates"])

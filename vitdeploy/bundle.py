@@ -5,6 +5,7 @@
       model.onnx         fp32 graph, uint8 NHWC in, logits/probs out; metadata_props = manifest core
       model.fp16.onnx    mixed-precision graph                      (precision pass)
       model.int8.onnx    explicit Q/DQ graph                        (calibrate)
+      model.cpu.onnx     fp32 graph with ORT-fused attention, CPUs  (convert --target cpu)
       labels.txt         one label per line, index order
       engines/<target>/  model.plan + engine.json                  (build-engine)
       reports/           check.json, profile.csv/json/png          (check / profile)
@@ -28,8 +29,10 @@ FORMAT = "vitdeploy-bundle/1"
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"
 METADATA_KEY = "vitdeploy.manifest"
-ARTIFACT_FILES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
-PRECISIONS = tuple(ARTIFACT_FILES)
+# "cpu" is not a precision: the fp32 graph with ONNX Runtime's fused attention, for CPU targets only
+# (`vitdeploy convert --target cpu`; vitdeploy.runtime.fused). TensorRT always gets the plain graph.
+ARTIFACT_FILES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx", "cpu": "model.cpu.onnx"}
+PRECISIONS = ("fp32", "fp16", "int8")
 
 # Keys of the manifest that are bound into the ONNX file itself (the "manifest core"): everything
 # needed to run and interpret the graph. Records of later steps (engines, reports) stay outside.
@@ -81,6 +84,19 @@ class Bundle:
     @property
     def preprocessing(self) -> dict[str, Any]:
         return self.manifest["preprocessing"]
+
+    @property
+    def variable_size(self) -> dict[str, Any] | None:
+        """The (images, valid_hw) contract of a --variable-size bundle; None for single-size graphs."""
+        return self.manifest["preprocessing"].get("variable_size")
+
+    def refuse_variable_size(self, step: str) -> None:
+        """One line for the steps that do not take two-input (images, valid_hw) graphs yet."""
+        if self.variable_size:
+            raise UserError(
+                f"{self.root} is a variable-size bundle (images + valid_hw): {step} does not take two-input graphs yet; "
+                "`check`, `predict`, `triton-repo` and the Python Classifier do"
+            )
 
     @property
     def resolution(self) -> dict[str, Any]:
@@ -204,6 +220,9 @@ def embed_manifest(model: Any, manifest: dict[str, Any]) -> None:
         "vitdeploy.source": json.dumps(core.get("source", {}), sort_keys=True),
         "vitdeploy.labels": json.dumps(core.get("labels", [])),
         "vitdeploy.preprocessing": json.dumps(core.get("preprocessing", {}), sort_keys=True),
+        # each output's meaning (shape, read-out, norm, grid order, dropped tokens)
+        "vitdeploy.outputs": json.dumps(core.get("graph", {}).get("output_details")
+                                        or {n: {} for n in core.get("graph", {}).get("outputs", [])}, sort_keys=True),
     }
     keep = [p for p in model.metadata_props if not p.key.startswith("vitdeploy.")]
     del model.metadata_props[:]

@@ -75,8 +75,10 @@ def compare_outputs(name: str, ref: np.ndarray, cand: np.ndarray) -> OutputStats
         cosine_min=float(cos.min()),
         cosine_p1=cosine_percentile(cos),
         cosine_mean=float(cos.mean()),
-        top1_agreement=topk_agreement(ref, cand, 1),
-        top5_agreement=topk_agreement(ref, cand, 5),
+        # class agreement is read on [B, K] scores; feature outputs ([B, d, G_h, G_w]) are flattened
+        # per sample so the call is defined (their gates read max |d| and the cosines, not this)
+        top1_agreement=topk_agreement(ref.reshape(len(ref), -1), cand.reshape(len(cand), -1), 1),
+        top5_agreement=topk_agreement(ref.reshape(len(ref), -1), cand.reshape(len(cand), -1), 5),
         count=len(ref),
     )
 

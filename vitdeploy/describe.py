@@ -53,6 +53,13 @@ def print_costs(spec: ViTSpec, resolutions: list[tuple[int, int]], batch: int, t
     console.print(table)
     console.print(f"attention/MLP crossover: L = (2 + rho) d = {reports[0].crossover_seq_len:g} "
                   f"(d = {spec.embed_dim}, rho = {spec.mlp_ratio:g}); below it projections + MLP dominate the MACs")
+    if spec.rel_pos_bias or spec.rotary:
+        r = reports[-1]
+        console.print(f"position terms ({', '.join(spec.position_kinds)}) are element-wise and not in the MACs: at "
+                      f"{r.height}x{r.width}, {r.position_mults_per_layer / 1e6:.3f}M multiplies and "
+                      f"{r.position_adds_per_layer / 1e6:.3f}M adds per layer"
+                      + (" (relative bias: one add per attention score)" if spec.rel_pos_bias else "")
+                      + (" (rotary: q and k of every patch token, x cos + rot(x) sin)" if spec.rotary else ""))
 
 
 def _bytes(n: int) -> str:
@@ -91,8 +98,8 @@ def print_inspect(report: dict[str, Any]) -> None:
     table.add_row("architecture", f"{spec.get('family')}: patch {spec['patch_size'][0]}x{spec['patch_size'][1]}, d={spec['embed_dim']}, "
                   f"depth {spec['depth']}, heads {spec['num_heads']}, mlp ratio {spec['mlp_ratio']:g}, "
                   f"prefix tokens {spec.get('num_prefix_tokens')}, readout {spec['global_pool']}")
-    table.add_row("resolution", f"{res['mode']} {res['height']}x{res['width']} (native {res['native'][0]}x{res['native'][1]}); "
-                  f"position table: {res['pos_embed_interpolation'].get('description')}")
+    table.add_row("resolution", f"{res['mode']} {res['height']}x{res['width']} (native {res['native'][0]}x{res['native'][1]})")
+    table.add_row("position", position_line(spec, res))
     table.add_row("input", f"{pre['input']} {pre['channel_order'].upper()}, size {pre['input_size'] or 'any valid H/W'}"
                   + (f", resized in graph to {pre['in_graph_resize']['to']}" if pre.get("in_graph_resize") else ""))
     table.add_row("preprocessing", f"x = (p * {pre['scale']} - mean) / std; mean {_fmt(pre['mean'])}, std {_fmt(pre['std'])} (from {pre.get('config_source')})")
@@ -100,10 +107,59 @@ def print_inspect(report: dict[str, Any]) -> None:
     labels = meta.get("labels") or []
     table.add_row("labels", f"{len(labels)}: {', '.join(labels[:10])}{' …' if len(labels) > 10 else ''}")
     table.add_row("graphs", ", ".join(report["precisions"]))
+    from rich.markup import escape
+
+    for name, line in output_lines(meta.get("graph") or {}):
+        table.add_row(f"output {name}", escape(line))  # shapes like [batch, d] are not markup
     c = report["costs"]
     table.add_row("cost", f"N={c['num_patches']}, L={c['seq_len']}, {c['macs_total'] / 1e9:.3f} GMACs ({c['flops_total'] / 1e9:.3f} GFLOPs), "
-                  f"attention {c['attention_share']:.1%}, params {c['params'] / 1e6:.2f}M")
+                  f"attention {c['attention_share']:.1%}, params {c['params'] / 1e6:.2f}M" + _position_cost(c))
     get_console().print(table)
+
+
+def output_lines(graph: dict[str, Any]) -> list[tuple[str, str]]:
+    """One line per graph output: shape and meaning (read-out, norm, grid order, dropped tokens)."""
+    details = graph.get("output_details") or {}
+    lines = []
+    for name in graph.get("outputs") or ["logits", "probs"]:
+        d = details.get(name)
+        if not d:
+            lines.append((name, "(no description: exported by an older vitdeploy)"))
+            continue
+        text = f"[{', '.join(str(x) for x in d['shape'])}] {d['meaning']}"
+        if name == "embedding":
+            text += (f"; read-out {d['readout']}, final norm {d['final_norm'] or 'none'} ({d['final_norm_where']}), "
+                     f"L2-normalised {'yes' if d['l2_normalized'] else 'no'}")
+        elif name == "patch_grid":
+            dropped = ", ".join(f"{k} {v}" for k, v in d["dropped_tokens"].items() if v) or "none"
+            text += (f"; {d['order']}; dropped tokens: {dropped}; final norm {d['final_norm'] or 'none'}"
+                     + (f" ({d['note']})" if d.get("note") else ""))
+        if d.get("reference"):
+            text += f"; PyTorch reference: {d['reference']}"
+        lines.append((name, text))
+    return lines
+
+
+def _position_cost(c: dict[str, Any]) -> str:
+    """Relative-bias adds and rotary multiplies: element-wise, so outside the MACs but stated."""
+    mults, adds = c.get("position_mults_per_layer", 0), c.get("position_adds_per_layer", 0)
+    if not (mults or adds):
+        return ""
+    return f"; position terms per layer (not in the MACs): {mults / 1e6:.3f}M multiplies, {adds / 1e6:.3f}M adds"
+
+
+def position_line(spec: dict[str, Any], res: dict[str, Any]) -> str:
+    """What carries position (absolute table / relative bias table / rotary), each with the rule that
+    adapts it to another grid, and where that happens (baked for a static size, in-graph for dynamic)."""
+    parsed = ViTSpec.from_dict(spec)
+    rules = parsed.position_rules((res.get("pos_embed_interpolation") or {}).get("description"))
+    if res.get("mode") == "dynamic":
+        where = "recomputed in-graph for each input grid"
+        if parsed.max_grid:
+            where += f" up to {parsed.max_grid[0]}x{parsed.max_grid[1]} patches"
+    else:
+        where = f"baked for {res['height']}x{res['width']}"
+    return "; ".join(rules) + f" ({where})"
 
 
 def _fmt(values: list[float]) -> str:

@@ -7,6 +7,7 @@ installs it, so a missing optional dependency is one clear line, never an Import
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
 
 # module -> what to install for it
@@ -30,8 +31,20 @@ _INSTALL_HINTS = {
 }
 
 
+# The `export` extra (the workstation side) is declared for Python >= 3.10 only (pyproject.toml): on
+# JetPack 5's Python 3.8 installing it gives nothing, so the hint says where the step runs instead.
+WORKSTATION_PYTHON = (3, 10)
+# (scikit-learn, onnxslim, onnxconverter-common still install on 3.8 by hand: they keep their pip hint.)
+_WORKSTATION_MODULES = {"torch", "torchvision", "timm", "transformers", "onnxscript"}
+
+
 def install_hint(module: str) -> str:
     top = (module or "").split(".")[0]
+    if top in _WORKSTATION_MODULES and sys.version_info[:2] < WORKSTATION_PYTHON:
+        need = ".".join(map(str, WORKSTATION_PYTHON))
+        return (f"the workstation side (torch, export, calibrate, check against PyTorch) needs Python >= {need} and this is "
+                f"{sys.version_info[0]}.{sys.version_info[1]}: run that step on a workstation and copy the bundle here, "
+                f"or drive this device from the workstation with `--on HOST`")
     return _INSTALL_HINTS.get(top, f"pip install {top}")
 
 

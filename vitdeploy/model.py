@@ -76,10 +76,14 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each [B, a, L, d_h]
         scores = (q * self.scale) @ k.transpose(-2, -1)  # [B, a, L, L]
-        if key_mask is not None:
+        if key_mask is not None and key_mask.dtype == torch.bool:
             # Callers guarantee every row keeps >= 1 visible key (VisionTransformer checks it), so -inf
             # never fills a whole row and softmax never sees an all-masked row.
             scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+        elif key_mask is not None:
+            # An additive float bias per key [B, L] (0 valid, a large finite negative padded): the
+            # deployed variable-size graph's form, which no input can turn into an all -inf row.
+            scores = scores + key_mask[:, None, None, :].to(scores.dtype)
         weights = scores.softmax(dim=-1)
         out = (weights @ v).transpose(1, 2).reshape(b, n, c)
         return self.proj(out)

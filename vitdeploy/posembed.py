@@ -152,3 +152,82 @@ def resample_pos_embed_np(
         interpolation.antialias,
     ).numpy()
     return out[0] if squeeze else out
+
+
+def axis_weights_per_sample(old: int, new: torch.Tensor, canvas: int, interpolation: PosEmbedInterpolation) -> torch.Tensor:
+    """Interpolation matrices [B, canvas, old]: row c of sample b holds the weights with which output
+    cell c of a ``new[b]``-long axis reads the ``old`` source cells (torch's interpolate, exactly).
+
+    Bicubic and bilinear resampling are separable, so a 2-D table resampled to a per-sample grid is
+    ``W_h[b] @ table @ W_w[b]^T``: MatMuls and elementwise ops only, which every TensorRT parser takes
+    (GridSample is absent before 8.6) and which cost a fraction of a per-pixel GridSample on a CPU.
+    Rows c >= new[b] extrapolate and belong to padded cells that a key mask hides.
+    """
+    g = new.to(torch.float32).view(-1, 1)  # [B, 1]
+    cells = torch.arange(canvas, dtype=torch.float32, device=new.device).view(1, -1)  # [1, canvas]
+    if interpolation.align_corners:
+        scale = torch.where(g > 1, (old - 1) / (g - 1).clamp(min=1), torch.zeros_like(g))
+        src = scale * cells
+    else:
+        src = (old / g) * (cells + 0.5) - 0.5
+    index = torch.arange(old, device=new.device).view(1, 1, -1)  # [1, 1, old]
+
+    def one_hot(tap: torch.Tensor) -> torch.Tensor:  # [B, canvas] clamped source index -> [B, canvas, old]
+        return (tap.clamp(0, old - 1).unsqueeze(-1) == index).to(torch.float32)
+
+    if interpolation.method == "bilinear":
+        if not interpolation.align_corners:
+            src = src.clamp(min=0.0)  # torch clamps negative bilinear source coordinates to the first cell
+        base = torch.floor(src)
+        frac = src - base
+        base = base.to(torch.int64)
+        upper = torch.where(base < old - 1, base + 1, base)
+        return one_hot(base) * (1 - frac).unsqueeze(-1) + one_hot(upper) * frac.unsqueeze(-1)
+    a = -0.75  # torch's bicubic (upsample_bicubic2d) without antialias
+    base = torch.floor(src)
+    t = (src - base).unsqueeze(-1)
+    base = base.to(torch.int64)
+
+    def near(x: torch.Tensor) -> torch.Tensor:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: torch.Tensor) -> torch.Tensor:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = (far(t + 1), near(t), near(1 - t), far(2 - t))
+    return sum(one_hot(base - 1 + k) * w for k, w in enumerate(weights))
+
+
+def resample_pos_grid_per_sample(
+    table: torch.Tensor,
+    old_grid: Sequence[int],
+    num_prefix_rows: int,
+    grid_hw: torch.Tensor,
+    canvas_grid: Sequence[int],
+    interpolation: PosEmbedInterpolation = EXPORT_DEFAULT,
+) -> torch.Tensor:
+    """Each sample's own resampled position grid, laid top-left into a canvas grid (variable-size input).
+
+    ``table`` is [1, prefix + G_h*G_w, d]; ``grid_hw`` [B, 2] holds each sample's grid (g_h, g_w),
+    1 <= g <= canvas. Returns [B, C_h*C_w, d] (row-major over the canvas grid) where cell (r, s) with
+    r < g_h, s < g_w holds row r*g_w + s of ``resample_pos_embed(table, (g_h, g_w), ...)``, and the
+    cells outside a sample's grid hold values that a key mask must hide.
+
+    Computed as ``W_h[b] @ grid @ W_w[b]^T`` with per-sample interpolation matrices
+    (:func:`axis_weights_per_sample`), equal to resampling each sample's grid alone. An antialiased
+    resampling has a different kernel width per output size and is not supported here.
+    """
+    if interpolation.antialias:
+        raise ConfigError(
+            "per-sample position grids need an interpolation without antialias (its kernel width changes with "
+            "each output size); export with --no-antialias"
+        )
+    old_h, old_w = (int(v) for v in old_grid)
+    canvas_h, canvas_w = (int(v) for v in canvas_grid)
+    dim = int(table.shape[2])
+    source = table[0, num_prefix_rows:].float().reshape(old_h, old_w * dim)  # [G_h, G_w*d]
+    w_h = axis_weights_per_sample(old_h, grid_hw[:, 0], canvas_h, interpolation)  # [B, C_h, G_h]
+    w_w = axis_weights_per_sample(old_w, grid_hw[:, 1], canvas_w, interpolation)  # [B, C_w, G_w]
+    rows = (w_h @ source).reshape(-1, canvas_h, old_w, dim)  # [B, C_h, G_w, d]
+    cells = w_w.unsqueeze(1) @ rows  # [B, C_h, C_w, d]
+    return cells.flatten(1, 2).to(table.dtype)

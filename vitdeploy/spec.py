@@ -28,12 +28,25 @@ class ViTSpec:
     num_distill_tokens: int = 0  # DeiT distillation token
     global_pool: str = "token"  # "token" (CLS readout) or "avg" (mean over patch tokens, GAP)
     pos_embed_prefix_rows: int = 1  # rows of the position table that belong to prefix tokens
-    family: str = "vit"  # free-form: vit, deit, deit-distilled, vit-reg, ...
+    family: str = "vit"  # free-form: vit, deit, deit-distilled, vit-reg, beit, eva02, vit-rope, ...
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # How position enters (issue 17). Any combination: an absolute table added to the tokens (ViT,
+    # DeiT, EVA-02), a relative-position bias table added to the attention logits (BEiT), rotary
+    # frequencies multiplied into q and k (EVA-02, RoPE ViTs). The dicts name the rule that adapts
+    # each to another grid (see position_rules()); a manifest without these fields is a plain ViT.
+    abs_pos_embed: bool = True
+    rel_pos_bias: dict[str, Any] | None = field(default=None, compare=False)  # {"scope": "per-block"|"shared", "rule", ...}
+    rotary: dict[str, Any] | None = field(default=None, compare=False)  # {"type", "grid_indexing", "ref_feat_shape", ...}
+    mlp_kind: str = "mlp"  # "mlp" (fc1, activation, fc2) or "gated" (SwiGLU/GLU: two input projections)
+    max_grid: tuple[int, int] | None = None  # largest (G_h, G_w) a dynamic graph was built for; None: any
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", tuple(int(v) for v in self.image_size))
         object.__setattr__(self, "patch_size", tuple(int(v) for v in self.patch_size))
+        if self.max_grid is not None:
+            object.__setattr__(self, "max_grid", tuple(int(v) for v in self.max_grid))
+        if self.mlp_kind not in ("mlp", "gated"):
+            raise ConfigError(f"mlp_kind must be 'mlp' or 'gated', got {self.mlp_kind!r}")
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.global_pool not in ("token", "avg"):
@@ -63,7 +76,15 @@ class ViTSpec:
     def grid(self, height: int, width: int) -> tuple[int, int]:
         """(G_h, G_w) for an input of height x width; refuses sizes the patches don't tile."""
         check_resolution(height, width, self.patch_size)
-        return height // self.patch_size[0], width // self.patch_size[1]
+        grid = (height // self.patch_size[0], width // self.patch_size[1])
+        if self.max_grid is not None and (grid[0] > self.max_grid[0] or grid[1] > self.max_grid[1]):
+            top = (self.max_grid[0] * self.patch_size[0], self.max_grid[1] * self.patch_size[1])
+            raise UserError(
+                f"{height}x{width} gives a {grid[0]}x{grid[1]} patch grid, beyond the {self.max_grid[0]}x{self.max_grid[1]} "
+                f"this graph's relative-position tables were built for (at most {top[0]}x{top[1]}); "
+                "export that size statically (--resolution), which resamples the tables offline"
+            )
+        return grid
 
     def num_patches(self, height: int | None = None, width: int | None = None) -> int:
         gh, gw = self.grid(height or self.image_size[0], width or self.image_size[1])
@@ -79,7 +100,37 @@ class ViTSpec:
         data["image_size"] = list(self.image_size)
         data["patch_size"] = list(self.patch_size)
         data["num_prefix_tokens"] = self.num_prefix_tokens
+        data["max_grid"] = list(self.max_grid) if self.max_grid is not None else None
+        data["position_kinds"] = list(self.position_kinds)
         return data
+
+    @property
+    def position_kinds(self) -> tuple[str, ...]:
+        """What carries position, in the order the forward pass applies it."""
+        kinds = []
+        if self.abs_pos_embed:
+            kinds.append("absolute table")
+        if self.rel_pos_bias:
+            kinds.append("relative bias table")
+        if self.rotary:
+            kinds.append("rotary")
+        return tuple(kinds)
+
+    def position_rules(self, abs_rule: str | None = None) -> list[str]:
+        """One phrase per position kind: what it is and the rule that adapts it to another grid.
+
+        ``abs_rule`` describes the absolute-table interpolation (it is a per-bundle choice recorded
+        in the manifest's resolution, not part of the architecture).
+        """
+        rules = []
+        if self.abs_pos_embed:
+            rules.append(f"absolute table ({abs_rule or 'resampled per grid'})")
+        if self.rel_pos_bias:
+            rel = self.rel_pos_bias
+            rules.append(f"relative bias table, {rel.get('scope', 'per-block')} ({rel.get('rule', 'resampled per grid')})")
+        if self.rotary:
+            rules.append(f"rotary ({self.rotary.get('rule', self.rotary.get('type', 'axial'))})")
+        return rules or ["none"]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ViTSpec":

@@ -1,7 +1,9 @@
 """A Triton Inference Server model repository for a bundle.
 
-    OUT/<model>/config.pbtxt     platform, uint8 image input, logits/probs outputs, batching, instances
-    OUT/<model>/labels.txt       wired as the probs output's label_filename (Triton's classification)
+    OUT/<model>/config.pbtxt     platform, uint8 image input, the graph's outputs (logits, probs, embedding
+                                 [d], patch_grid [d, G_h, G_w]; -1 for a dynamic grid), batching, instances
+    OUT/<model>/labels.txt       wired as the probs output's label_filename (Triton's classification);
+                                 absent for a backbone graph without probs
     OUT/<model>/vitdeploy.json   where the model came from (bundle, graph hash, engine fingerprint)
     OUT/<model>/1/model.onnx     (onnxruntime backend)  or  1/model.plan  (tensorrt backend)
 
@@ -33,6 +35,7 @@ _TYPES = {"uint8": "TYPE_UINT8", "int8": "TYPE_INT8", "float32": "TYPE_FP32", "f
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LABELS_FILE = "labels.txt"
 CLASS_OUTPUT = "probs"
+FEATURE_OUTPUTS = ("embedding", "patch_grid")
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ def write_triton_repo(bundle: str | Path | Bundle, out: str | Path, options: Tri
     inputs, outputs = tensors
     config = render_config(name, opts, inputs, outputs, bundle.spec.num_classes, provenance)
     labels = bundle.labels or [str(k) for k in range(bundle.spec.num_classes)]
-    if len(labels) != bundle.spec.num_classes:
+    classifies = any(t.name == CLASS_OUTPUT for t in outputs)
+    if classifies and len(labels) != bundle.spec.num_classes:
         raise ConfigError(f"bundle {bundle.root} has {len(labels)} labels for {bundle.spec.num_classes} classes; re-export it")
     model_dir = Path(out) / name
     with staged_directory(model_dir) as stage:
@@ -77,7 +81,8 @@ def write_triton_repo(bundle: str | Path | Bundle, out: str | Path, options: Tri
             target = stage / "1" / (_MODEL_FILE[opts.backend] if src is artifact[0] else src.name)
             shutil.copyfile(src, target)
         atomic_write_text(stage / "config.pbtxt", config)
-        atomic_write_text(stage / LABELS_FILE, "".join(f"{label}\n" for label in labels))
+        if classifies:
+            atomic_write_text(stage / LABELS_FILE, "".join(f"{label}\n" for label in labels))
         atomic_write_json(stage / "vitdeploy.json", provenance)
     return model_dir
 
@@ -106,6 +111,30 @@ def _validate(opts: TritonOptions) -> TritonOptions:
 def _model_name(raw: str) -> str:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", raw).strip("._-")
     return name or "vit"
+
+
+def model_name(bundle: Bundle, options: TritonOptions = TritonOptions()) -> str:
+    """The model name a repository (and `vitdeploy serve`) gives ``bundle``."""
+    return _validate(options).name or _model_name(bundle.name)
+
+
+def model_tensors(bundle: str | Path | Bundle, options: TritonOptions = TritonOptions()) -> tuple[list[_Tensor], list[_Tensor]]:
+    """(inputs, outputs) exactly as ``write_triton_repo`` declares them in config.pbtxt: name, numpy
+    dtype name, shape with the batch axis first (None where dynamic). `vitdeploy serve` binds these,
+    so one client works against both servers and new graph outputs follow by themselves."""
+    if not isinstance(bundle, Bundle):
+        bundle = Bundle.open(bundle)
+    opts = _validate(options)
+    artifact = _tensorrt_artifact if opts.backend == "tensorrt" else _onnx_artifact
+    _, tensors, _ = artifact(bundle, opts)
+    return tensors
+
+
+def triton_type(dtype: str) -> str:
+    """Triton's data_type for a numpy dtype name (``uint8`` -> ``TYPE_UINT8``)."""
+    if dtype not in _TYPES:
+        raise UserError(f"type {dtype} has no Triton data_type in this repository writer")
+    return _TYPES[dtype]
 
 
 # -- artifacts ---------------------------------------------------------------------------------
@@ -151,6 +180,7 @@ def _onnx_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path], tup
         "precision": precision,
         "graph_sha256": record.get("sha256"),
         "preprocessing": bundle.preprocessing,
+        "outputs": (bundle.manifest.get("graph") or {}).get("output_details"),  # what each output holds
     }
     return [path, *extra], (inputs, outputs), provenance
 
@@ -209,6 +239,7 @@ def _tensorrt_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path],
         "graph_sha256": engine.record.get("source_sha256"),
         "fingerprint": engine.fingerprint,
         "preprocessing": bundle.preprocessing,
+        "outputs": (bundle.manifest.get("graph") or {}).get("output_details"),  # what each output holds
     }
     return [engine.plan_path], (inputs, outputs), provenance
 
@@ -223,8 +254,9 @@ def render_config(
     provenance: dict[str, Any],
 ) -> str:
     """The ModelConfig in protobuf text format."""
-    if len(inputs) != 1:
-        raise UserError(f"the graph has {len(inputs)} inputs; a vitdeploy graph has one image input")
+    variable = [t.name for t in inputs] == ["images", "valid_hw"]  # a --variable-size graph: canvas + valid sizes
+    if len(inputs) != 1 and not variable:
+        raise UserError(f"the graph has {len(inputs)} inputs; a vitdeploy graph has one image input (or images + valid_hw)")
     batched = opts.max_batch > 0
     for tensor in inputs + outputs:
         if tensor.dtype not in _TYPES:
@@ -235,7 +267,9 @@ def render_config(
                 "(re-export, or pass --max-batch 0)"
             )
     out_names = {t.name for t in outputs}
-    if CLASS_OUTPUT not in out_names:
+    # a classifier graph has probs (Triton's classification extension reads it); a backbone graph
+    # exported with --outputs embedding,patch_grid serves its features as they are
+    if CLASS_OUTPUT not in out_names and not out_names & set(FEATURE_OUTPUTS):
         raise UserError(f"the graph has no {CLASS_OUTPUT!r} output (outputs: {', '.join(sorted(out_names))}); re-export it with vitdeploy")
 
     def dims(tensor: _Tensor) -> str:
@@ -251,6 +285,8 @@ def render_config(
             )
         )
     lines.append("# input: raw uint8 pixels; preprocessing is inside the model (see vitdeploy.json)")
+    if variable:
+        lines.append("# variable size: each image top-left in the canvas, valid_hw = its (height, width) in whole patches")
     lines += [
         f'name: "{name}"',
         f'platform: "{_PLATFORM[opts.backend]}"',
@@ -261,6 +297,10 @@ def render_config(
     for i, tensor in enumerate(inputs):
         lines.append(f'  {{ name: "{tensor.name}" data_type: {_TYPES[tensor.dtype]} dims: {dims(tensor)} }}' + ("," if i < len(inputs) - 1 else ""))
     lines.append("]")
+    for tensor in outputs:  # what the feature outputs hold, for whoever reads the config
+        detail = (provenance.get("outputs") or {}).get(tensor.name) or {}
+        if tensor.name in FEATURE_OUTPUTS and detail:
+            lines.append(f"# output {tensor.name}: {detail.get('meaning')}" + (f"; {detail['order'].split(';')[0]}" if detail.get("order") else ""))
     lines.append("output [")
     for i, tensor in enumerate(outputs):
         label = f' label_filename: "{LABELS_FILE}"' if tensor.name == CLASS_OUTPUT else ""

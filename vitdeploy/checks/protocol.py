@@ -154,11 +154,13 @@ def protocol_evidence(bundle: Bundle, images: np.ndarray, source_pre: dict[str, 
             weight = read_initializer(path, tensors["weight"]) if tensors.get("weight") else None
             bias = read_initializer(path, tensors["bias"]) if tensors.get("bias") else None
             report["patch_grid"] = check_patch_grid(out[tensors["input"]], out[tensors["output"]], weight, bias, tuple(bundle.spec.patch_size))
-        num_outputs = out["logits"].shape[-1]
+        # a graph without logits (embedding/patch_grid only) is checked against the spec's head width
+        num_outputs = out["logits"].shape[-1] if "logits" in out else bundle.spec.num_classes
     else:
         from ..runtime.ort import OrtRunner
 
-        num_outputs = OrtRunner(path).infer(images[:1])["logits"].shape[-1]
+        first = OrtRunner(path).infer(images[:1])
+        num_outputs = first["logits"].shape[-1] if "logits" in first else bundle.spec.num_classes
         report["preprocessing"] = {"passed": None, "diagnosis": "not applicable (float input or in-graph resize)"}
     report["labels"] = check_labels(bundle, source_labels, num_outputs)
     report["passed"] = all(v.get("passed") is not False for v in report.values() if isinstance(v, dict))

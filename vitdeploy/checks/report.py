@@ -11,24 +11,34 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = get_console()
+    if report.get("kind") == "variable-size":
+        from .variable import print_variable_report
+
+        print_variable_report(report, console.print)
+        return
     table = Table(title=f"vitdeploy check: {report['bundle']}")
-    for col in ("graph", "execution", "inputs", "max |dlogit|", "max rel", "worst cos", "cos p1", "top-1 agr", "top-5 agr", "accuracy", "drop", "verdict"):
-        table.add_column(col, justify="right" if col not in ("graph", "execution", "inputs", "verdict") else "left")
+    for col in ("graph", "execution", "inputs", "output", "max |d|", "max rel", "worst cos", "cos p1", "top-1 agr", "top-5 agr", "accuracy", "drop", "verdict"):
+        table.add_column(col, justify="right" if col not in ("graph", "execution", "inputs", "output", "verdict") else "left")
     for ref_set, acc in report["reference"]["accuracy"].items():
-        table.add_row("PyTorch fp32", "reference", ref_set, "", "", "", "", "", "", f"{acc:.2%}", "", "")
+        table.add_row("PyTorch fp32", "reference", ref_set, "", "", "", "", "", "", "", f"{acc:.2%}", "", "")
     for art in report["artifacts"]:
         if art.get("skipped"):
-            table.add_row(art["precision"], f"tensorrt {art['execution']}", "", "", "", "", "", "", "", "", "", f"skipped: {art['skipped']}")
+            table.add_row(art["precision"], f"tensorrt {art['execution']}", "", "", "", "", "", "", "", "", "", "", f"skipped: {art['skipped']}")
             continue
         verdict = "pass" if art["passed"] else ("FAIL" if art["gated"] else "reported (not gated)")
-        for i, row in enumerate(art["sets"]):
-            s = row["logits"]
-            table.add_row(
-                art["precision"] if i == 0 else "", art["execution"] if i == 0 else "", row["set"],
-                f"{s['max_abs']:.2e}", f"{s['max_rel']:.2e}", f"{s['cosine_min']:.6f}", f"{s['cosine_p1']:.6f}", f"{s['top1_agreement']:.1%}",
-                f"{s['top5_agreement']:.1%}", f"{row['accuracy']:.2%}" if "accuracy" in row else "",
-                f"{row['accuracy_drop'] * 100:+.2f} pt" if "accuracy_drop" in row else "", verdict if i == 0 else "",
-            )
+        first = True
+        for row in art["sets"]:
+            # logits, then the feature outputs the graph declares (embedding, patch_grid)
+            for j, name in enumerate(n for n in ("logits", "embedding", "patch_grid") if n in row):
+                s = row[name]
+                table.add_row(
+                    art["precision"] if first else "", art["execution"] if first else "", row["set"] if j == 0 else "", name,
+                    f"{s['max_abs']:.2e}", f"{s['max_rel']:.2e}", f"{s['cosine_min']:.6f}", f"{s['cosine_p1']:.6f}",
+                    f"{s['top1_agreement']:.1%}" if name == "logits" else "", f"{s['top5_agreement']:.1%}" if name == "logits" else "",
+                    f"{row['accuracy']:.2%}" if "accuracy" in row and name == "logits" else "",
+                    f"{row['accuracy_drop'] * 100:+.2f} pt" if "accuracy_drop" in row and name == "logits" else "", verdict if first else "",
+                )
+                first = False
     console.print(table)
     proto = report["protocol"]
     pre = proto.get("preprocessing", {})

@@ -30,6 +30,8 @@ class CheckOptions:
     limit: int | None = None  # at most this many real images
     fp32_max_abs: float = 1e-4
     cosine_min: float = 0.99
+    # fp32 feature outputs (embedding, patch_grid): worst per-image cosine with PyTorch
+    fp32_feature_cosine_min: float = 0.9999
     top1_min: float = 0.99
     accuracy_drop_max: float = 0.01  # 1 point
     localise: str = "on-failure"  # "on-failure" | "always" | "never"
@@ -55,6 +57,10 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
 
     opts = options or CheckOptions()
     bundle = Bundle.open(path)
+    if bundle.preprocessing.get("variable_size"):  # (images, valid_hw) graphs: invariance + mixed-size task check
+        from .variable import check_variable
+
+        return check_variable(bundle, opts, log)
     precisions = list(opts.precisions or bundle.precisions())
     for p in precisions:
         bundle.artifact_path(p)  # one clear line for a graph the bundle lacks
@@ -71,7 +77,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     if data:
         sets.append(real_set(bundle, data, opts.limit))
     ref_out = {s.name: reference.infer_batched(s.images, opts.batch) for s in sets}
-    ref_acc = {s.name: accuracy(ref_out[s.name]["logits"], s.labels) for s in sets if s.labels is not None}
+    ref_acc = {s.name: accuracy(ref_out[s.name]["logits"], s.labels) for s in sets if s.labels is not None and "logits" in ref_out[s.name]}
     for name, acc in ref_acc.items():
         log(f"PyTorch fp32 accuracy on {name}: {acc:.2%}")
 
@@ -143,27 +149,47 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     return report
 
 
+FEATURE_OUTPUTS = ("embedding", "patch_grid")
+
+
 def _score(precision: str, execution: str, runner: Any, sets: list[EvalSet], ref_out: dict, ref_acc: dict,
            opts: CheckOptions, gated: bool) -> dict[str, Any]:
     rows, gates = [], []
     for s in sets:
         out = runner.infer_batched(s.images, opts.batch)
-        stats = compare_outputs("logits", ref_out[s.name]["logits"], out["logits"])
-        probs = compare_outputs("probs", ref_out[s.name]["probs"], out["probs"])
-        row: dict[str, Any] = {"set": s.name, "real": s.real, "logits": stats.to_dict(), "probs": probs.to_dict()}
-        if s.labels is not None:
-            row["accuracy"] = accuracy(out["logits"], s.labels)
-            row["accuracy_drop"] = ref_acc[s.name] - row["accuracy"]
+        ref = ref_out[s.name]
+        row: dict[str, Any] = {"set": s.name, "real": s.real}
+        judged_here = precision == "fp32" or s.real or not any(x.real for x in sets)
+        if "logits" in ref and "logits" in out:
+            stats = compare_outputs("logits", ref["logits"], out["logits"])
+            row["logits"] = stats.to_dict()
+            if "probs" in ref and "probs" in out:
+                row["probs"] = compare_outputs("probs", ref["probs"], out["probs"]).to_dict()
+            if s.labels is not None:
+                row["accuracy"] = accuracy(out["logits"], s.labels)
+                row["accuracy_drop"] = ref_acc[s.name] - row["accuracy"]
+            if precision == "fp32":
+                gates.append(Gate(f"max |dlogit| on {s.name}", stats.max_abs, opts.fp32_max_abs, "<="))
+            elif judged_here:
+                # reduced precision is judged by task gates on real images (random ones when there are none)
+                gates.append(Gate(f"cosine (1st percentile of images) on {s.name}", stats.cosine_p1, opts.cosine_min, ">="))
+                if s.real:
+                    gates.append(Gate(f"top-1 agreement on {s.name}", stats.top1_agreement, opts.top1_min, ">="))
+            if s.labels is not None and precision != "fp32":
+                gates.append(Gate(f"accuracy drop on {s.name}", row["accuracy_drop"], opts.accuracy_drop_max, "<="))
+        # The feature outputs the graph declares: max |d| and the worst per-image cosine (fp32), the
+        # 1st-percentile per-image cosine (reduced precision), as for the logits.
+        for name in FEATURE_OUTPUTS:
+            if name not in ref or name not in out:
+                continue
+            feat = compare_outputs(name, ref[name], out[name])
+            row[name] = {k: v for k, v in feat.to_dict().items() if k not in ("top1_agreement", "top5_agreement")}
+            if precision == "fp32":
+                gates.append(Gate(f"max |d{name}| on {s.name}", feat.max_abs, opts.fp32_max_abs, "<="))
+                gates.append(Gate(f"{name} cosine (worst image) on {s.name}", feat.cosine_min, opts.fp32_feature_cosine_min, ">="))
+            elif judged_here:
+                gates.append(Gate(f"{name} cosine (1st percentile of images) on {s.name}", feat.cosine_p1, opts.cosine_min, ">="))
         rows.append(row)
-        if precision == "fp32":
-            gates.append(Gate(f"max |dlogit| on {s.name}", stats.max_abs, opts.fp32_max_abs, "<="))
-        elif s.real or not any(x.real for x in sets):
-            # reduced precision is judged by task gates on real images (random ones when there are none)
-            gates.append(Gate(f"cosine (1st percentile of images) on {s.name}", stats.cosine_p1, opts.cosine_min, ">="))
-            if s.real:
-                gates.append(Gate(f"top-1 agreement on {s.name}", stats.top1_agreement, opts.top1_min, ">="))
-        if s.labels is not None and precision != "fp32":
-            gates.append(Gate(f"accuracy drop on {s.name}", row["accuracy_drop"], opts.accuracy_drop_max, "<="))
     failed = [g.describe() for g in gates if not g.passed]
     return {"precision": precision, "backend": "onnxruntime", "execution": execution, "gated": gated, "sets": rows,
             "gates": [g.to_dict() for g in gates], "failed_gates": failed, "passed": not failed}
@@ -181,9 +207,11 @@ def _placement(bundle: Bundle, precision: str) -> dict[str, Any]:
 
 def _batch_consistency(runner: Any, images: np.ndarray) -> dict[str, Any]:
     """The same images one at a time and as one batch give the same logits (dynamic batch axis)."""
-    batched = runner.infer(images)["logits"]
-    single = np.concatenate([runner.infer(images[i:i + 1])["logits"] for i in range(len(images))])
-    return {"images": int(len(images)), "max_abs": float(np.abs(batched.astype(np.float64) - single).max())}
+    first = runner.infer(images)
+    name = "logits" if "logits" in first else next(iter(first))  # a backbone graph: its embedding
+    batched = first[name]
+    single = np.concatenate([runner.infer(images[i:i + 1])[name] for i in range(len(images))])
+    return {"images": int(len(images)), "output": name, "max_abs": float(np.abs(batched.astype(np.float64) - single).max())}
 
 
 def _engine_entries(bundle: Bundle, sets: list[EvalSet], ref_out: dict, ref_acc: dict, opts: CheckOptions) -> list[dict[str, Any]]:

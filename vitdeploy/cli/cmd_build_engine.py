@@ -5,9 +5,11 @@ from __future__ import annotations
 import click
 
 from .common import command
+from ..remote.cli import on_device
 
 
 @command("build-engine")
+@on_device(inputs=("calib_data", "calib_cache", "timing_cache"), outputs=("calib_cache", "timing_cache"))  # --on HOST
 @click.argument("bundle", type=click.Path())
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "best"]), default="best", show_default=True,
               help="Which graph to compile: model.onnx, model.fp16.onnx, model.int8.onnx; best = int8, else fp16, else fp32.")
@@ -33,6 +35,8 @@ from .common import command
 @click.option("--dry-run", is_flag=True, help="Validate the plan, write reports/engine-plan-<target>.json; no TensorRT or GPU needed.")
 @click.option("--print-trtexec", is_flag=True, help="Print the equivalent trtexec command (without building).")
 @click.option("--dla-report", is_flag=True, help="DLA feasibility report from the ONNX graph (no GPU or TensorRT needed).")
+@click.option("--lint", "lint", is_flag=True,
+              help="Only list the nodes the target TensorRT's ONNX parser cannot take (rule + source); writes nothing.")
 def command(bundle: str, **kw: object) -> None:
     """Compile a bundle's graph into a TensorRT engine on this device.
 
@@ -40,7 +44,9 @@ def command(bundle: str, **kw: object) -> None:
     run. The result is engines/<target>/model.plan and engine.json (TensorRT version, GPU, compute
     capability, JetPack, profiles, precision path, source graph hash), which is checked before loading.
     TensorRT >= 10 builds the bundle's graph of the chosen precision strongly typed; 11 has only
-    that path.
+    that path. TensorRT 8.5/8.6 (JetPack 5.1/6.0) parse opset 17 without Gelu (8.5: without
+    LayerNormalization): for them the graph is lowered (model*.trt8.x.onnx), verified with ONNX
+    Runtime, and that is what TensorRT parses. --precision fp16 makes a missing fp16 graph.
 
     \b
     Example:
@@ -49,6 +55,8 @@ def command(bundle: str, **kw: object) -> None:
       vitdeploy build-engine bundle --dry-run --print-trtexec --trt-version 10.3
       vitdeploy build-engine bundle --precision int8 --dla-core 0 --batch 1
       vitdeploy build-engine bundle --precision fp16 --dla-report
+      vitdeploy build-engine bundle --lint --trt-version 8.6
+      vitdeploy build-engine bundle --dry-run --trt-version 8.5 --precision int8
     """
     from ..engine.plan import PlanOptions
     from ..engine.service import BuildEngineRequest, run
@@ -60,6 +68,9 @@ def command(bundle: str, **kw: object) -> None:
         version_compatible=kw["version_compatible"], dla_core=kw["dla_core"], gpu_fallback=not kw["no_gpu_fallback"],
         calib_data=kw["calib_data"], calib_cache=kw["calib_cache"], calib_batch=kw["calib_batch"], target=kw["target"],
     )  # type: ignore[arg-type]
-    outcome = run(BuildEngineRequest(bundle, options, kw["trt_version"], kw["dry_run"], kw["print_trtexec"], kw["dla_report"]))  # type: ignore[arg-type]
+    request = BuildEngineRequest(bundle, options, kw["trt_version"], kw["dry_run"], kw["print_trtexec"], kw["dla_report"], kw["lint"])  # type: ignore[arg-type]
+    outcome = run(request, log=click.echo)
     for line in outcome.lines:
         click.echo(line)
+    if outcome.exit_code:
+        click.get_current_context().exit(outcome.exit_code)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, split_csv
+from ..remote.cli import on_device
 
 
 @command("check")
+@on_device(inputs=("data",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
 @click.argument("bundle", type=click.Path(exists=True))
 @click.option("--precision", default=None, help="Graphs to check, comma-separated (default: every graph in the bundle).")
 @click.option("--data", default=None, help="Real labelled images: digits:test, DIR/<class>/<image>, or a uint8 .npy (default: the bundled model's test split).")

@@ -9,12 +9,15 @@ from .common import command, echo_json, split_csv
 
 @command("convert")
 @click.argument("bundle", type=click.Path(exists=True))
-@click.option("--precision", type=click.Choice(["fp16", "int8"]), required=True,
+@click.option("--precision", type=click.Choice(["fp16", "int8"]), default=None,
               help="fp16: mixed-precision graph (model.fp16.onnx). INT8 needs calibration data: `vitdeploy calibrate`.")
+@click.option("--target", type=click.Choice(["cpu"]), default=None,
+              help="cpu: the fp32 graph with ONNX Runtime's fused attention (model.cpu.onnx), gated against model.onnx; "
+                   "the runtime and `profile` use it on CPUs, TensorRT keeps the plain graph.")
 @click.option("--keep-fp32", default="", help="Extra op types kept in fp32, comma-separated (LayerNormalization and Softmax always are).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fp16 record as JSON.")
-def command(bundle, precision, keep_fp32, as_json):
-    """Add a lower-precision graph to BUNDLE, derived from its fp32 graph.
+def command(bundle, precision, target, keep_fp32, as_json):
+    """Add a lower-precision graph (or a CPU-fused graph) to BUNDLE, derived from its fp32 graph.
 
     The fp16 graph keeps the uint8 input and the fp32 logits/probs outputs; the baked preprocessing,
     every LayerNormalization and Softmax, and any --keep-fp32 op types compute in fp32, the rest in
@@ -24,9 +27,23 @@ def command(bundle, precision, keep_fp32, as_json):
     Example:
       vitdeploy convert digits-bundle --precision fp16
       vitdeploy convert vits-bundle --precision fp16 --keep-fp32 Gelu
+      vitdeploy convert vits-bundle --target cpu
     """
     from vitdeploy.bundle import Bundle
     from vitdeploy.errors import UserError
+
+    if (precision is None) == (target is None):
+        raise UserError("give one of --precision fp16 or --target cpu")
+    if target == "cpu":
+        from vitdeploy.runtime.fused import CPU_KEY, add_cpu_graph_to_bundle
+
+        path = add_cpu_graph_to_bundle(Bundle.open(bundle), log=click.echo)
+        record = Bundle.open(bundle).artifact_record(CPU_KEY)
+        if as_json:
+            echo_json(record)
+        else:
+            click.echo(f"wrote {path.name}: {record['fusion']['attention_fused']} attention blocks fused; ONNX Runtime on CPUs uses it")
+        return
 
     if precision == "int8":
         raise UserError("INT8 needs calibration data: run `vitdeploy calibrate BUNDLE --data DIR` (it writes model.int8.onnx)")

@@ -19,6 +19,10 @@ from .common import command, parse_model_args, split_csv
 @click.option("--resolution", help="Static export at N or HxW: the position table is re-interpolated offline.")
 @click.option("--dynamic-resolution", is_flag=True, help="Symbolic H/W; the position table is interpolated inside the graph.")
 @click.option("--resize", is_flag=True, help="Resize inside the graph from any input size to the model resolution (bilinear, no antialias).")
+@click.option("--variable-size", is_flag=True, help="Two inputs: images padded top-left into --canvas, and valid_hw [B, 2]; each image gets its own position grid and padded patches are masked.")
+@click.option("--canvas", help="With --variable-size: the largest size served, N or HxW (whole patches).")
+@click.option("--variable-policy", type=click.Choice(["fit-within", "shrink-within", "none"]), default="fit-within", show_default=True,
+              help="With --variable-size: how the runtime fits an image into the canvas (recorded in the manifest).")
 @click.option("--channel-order", type=click.Choice(["rgb", "bgr"]), default="rgb", show_default=True, help="Channel order of the uint8 input (bgr for OpenCV pipelines).")
 @click.option("--input", "input_format", type=click.Choice(["uint8-nhwc", "float-nchw"]), default="uint8-nhwc", show_default=True, help="float-nchw: the caller preprocesses.")
 @click.option("--pos-interp", type=click.Choice(["bicubic", "bilinear"]), default="bicubic", show_default=True, help="Position-table interpolation method.")
@@ -29,8 +33,14 @@ from .common import command, parse_model_args, split_csv
 @click.option("--no-simplify", is_flag=True, help="Keep the exporter's graph (onnxslim is applied only when outputs stay identical).")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 @click.option("--check-images", type=click.IntRange(min=1), default=64, show_default=True, help="Seeded images per size for the parity check.")
-def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize, channel_order,
-            input_format, pos_interp, align_corners, antialias, precision, keep_fp32, no_simplify, no_check, check_images):
+@click.option("--outputs", "outputs", metavar="LIST",
+              help="Graph outputs, any of logits,probs,embedding,patch_grid (default: logits,probs; embedding,patch_grid for a model without a head). "
+                   "embedding [B,d] is the pooled pre-head feature, patch_grid [B,d,G_h,G_w] the final patch tokens in row-major grid order.")
+@click.option("--normalize-embedding", is_flag=True, help="L2-normalise the embedding output inside the graph (for cosine retrieval).")
+def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize,
+            variable_size, canvas, variable_policy, channel_order,
+            input_format, pos_interp, align_corners, antialias, precision, keep_fp32, no_simplify, no_check, check_images,
+            outputs, normalize_embedding):
     """Export SOURCE to a bundle: ONNX that takes raw uint8 images, with preprocessing, labels and spec bound in.
 
     SOURCE is builtin:digits (default), timm:<model>, hf:<directory saved with save_pretrained>, or
@@ -41,6 +51,10 @@ def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, r
       vitdeploy export -o digits-bundle
       vitdeploy export timm:vit_small_patch16_224 --checkpoint ft.safetensors -o vits --resolution 384
       vitdeploy export hf:./my-vit -o myvit --dynamic-resolution --channel-order bgr
+      vitdeploy export timm:eva02_small_patch14_224 --checkpoint ft.safetensors -o eva02 --dynamic-resolution
+      vitdeploy export timm:vit_small_patch16_224 -o vits-var --variable-size --canvas 384x384
+      vitdeploy export -o digits-feat --outputs logits,probs,embedding,patch_grid --normalize-embedding
+      vitdeploy export timm:vit_small_patch14_reg4_dinov2 -o dinov2 --dynamic-resolution   # no head: embedding,patch_grid
     """
     from vitdeploy.exporters import ExportOptions, export
     from vitdeploy.posembed import PosEmbedInterpolation
@@ -56,6 +70,9 @@ def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, r
         resolution=parse_resolution(resolution) if resolution else None,
         dynamic_resolution=dynamic_resolution,
         resize=resize,
+        variable_size=variable_size,
+        canvas=parse_resolution(canvas) if canvas else None,
+        variable_policy=variable_policy,
         channel_order=channel_order,
         input_format=input_format,
         interpolation=PosEmbedInterpolation(pos_interp, align_corners, antialias),
@@ -64,6 +81,8 @@ def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, r
         simplify=not no_simplify,
         check=not no_check,
         check_images=check_images,
+        outputs=outputs,
+        normalize_embedding=normalize_embedding,
     )
     bundle = export(source, out_dir, options, log=click.echo)
     click.echo(f"bundle written: {bundle.root} ({', '.join(bundle.precisions())})")

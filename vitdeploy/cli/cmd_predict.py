@@ -5,9 +5,11 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json
+from ..remote.cli import on_device
 
 
 @command("predict")
+@on_device(inputs=("images",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
 @click.argument("bundle", type=click.Path(path_type=str))
 @click.argument("images", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=5, show_default=True, help="Classes to show per image.")

@@ -7,9 +7,11 @@ import click
 from ..errors import UserError
 from ..spec import parse_resolution
 from .common import command, echo_json, parse_int_list, split_csv
+from ..remote.cli import on_device
 
 
 @command("profile")
+@on_device(outputs=("out_dir",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
 @click.argument("bundle")
 @click.option("--resolutions", default=None, help="Comma-separated N or HxW (default: the bundle's native size).")
 @click.option("--batch", "batches", default="1", show_default=True, help="Comma-separated batch sizes.")
@@ -24,13 +26,21 @@ from .common import command, echo_json, parse_int_list, split_csv
 @click.option("--pin", is_flag=True, help="Also pin the process to the first --threads CPUs it may use (Linux).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where torch runs, and whether ort uses its CUDA provider.")
+@click.option("--torch-mode", "torch_modes", default=None,
+              help="Comma-separated eager, cuda-graph, compile, auto: how the torch backend runs, one cell each "
+                   "[default: auto, the faster of cuda-graph and eager on a GPU, eager on the CPU; compile only when named].")
 @click.option("--cv-threshold", type=float, default=0.10, show_default=True, help="Flag a cell unstable above this coefficient of variation.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write the reports here instead of the bundle's reports/ folder.")
 @click.option("--no-plot", is_flag=True, help="Skip reports/profile.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the table.")
-def command(bundle, resolutions, batches, precisions, backends, iterations, duration, rounds, warmup, threads, pin, device, cv_threshold,
-            out_dir, no_plot, as_json):
+@click.option("--plain-graph", is_flag=True, help="On CPUs run model.onnx even where the bundle has the fused model.cpu.onnx (`convert --target cpu`).")
+@click.option("--accuracy", "accuracy_data", default=None, metavar="SOURCE",
+              help="Also score each (backend, precision, resolution) on labelled data (digits:test, DIR/<class>/<image>, .npz): "
+                   "accuracy columns and reports/profile_accuracy.png (accuracy against latency).")
+@click.option("--wide", is_flag=True, help="Every column and every cell in the table (default: fits 120 columns, skipped cells in one line).")
+def command(bundle, resolutions, batches, precisions, backends, iterations, duration, rounds, warmup, threads, pin, device, torch_modes,
+            cv_threshold, out_dir, no_plot, as_json, plain_graph, wide, accuracy_data):
     """Latency and throughput across resolutions, batch sizes, precisions and backends, beside the cost model.
 
     Each cell gets its own runner load (start-up = load to first result), a warm-up, then a fixed
@@ -42,12 +52,18 @@ def command(bundle, resolutions, batches, precisions, backends, iterations, dura
     first and the timed calls are interleaved (A B C, C B A, ...), so load from other processes or
     thermal drift falls on all cells alike.
 
+    The torch backend is the PyTorch baseline a careful user runs: uint8 upload, normalisation on the
+    device, inference_mode, and on a GPU CUDA-graph replay (or torch.compile), with device time from
+    CUDA events beside the host p50 and the device memory the cell held.
+
     \b
     Example:
       vitdeploy profile digits-bundle
       vitdeploy profile vits --resolutions 160,224,288,384 --batch 1,8 --precision fp32,int8 --backend ort,torch
       vitdeploy profile vits --resolutions 160,224,288,384 --batch 1,8 --iterations 20 --rounds 10
       vitdeploy profile vits --resolutions 224x320 --iterations 200 --threads 4 --pin --json
+      vitdeploy profile digits-bundle --resolutions 24,32,48 --precision fp32,int8 --accuracy digits:test
+      vitdeploy profile vitb --backend torch --device cuda --precision fp16 --batch 1,8,64 --torch-mode eager,cuda-graph,compile
     """
     from ..console import get_console
     from ..profile import SweepConfig, profile_bundle
@@ -65,14 +81,21 @@ def command(bundle, resolutions, batches, precisions, backends, iterations, dura
         threads=threads,
         pin=pin,
         device=device,
+        torch_modes=split_csv(torch_modes) or None,
         cv_threshold=cv_threshold,
+        fused_cpu=not plain_graph,
     )
-    outcome = profile_bundle(bundle, config, out_dir=out_dir, plot=not no_plot, progress_console=get_console(stderr=True))
+    outcome = profile_bundle(bundle, config, out_dir=out_dir, plot=not no_plot, progress_console=get_console(stderr=True),
+                             accuracy=accuracy_data)
     result = outcome.result
     if as_json:
         echo_json(to_json(result))
     else:
-        render_table(result, get_console())
+        render_table(result, get_console(), wide=wide)
+        if accuracy_data:
+            from ..profile.accuracy import render_accuracy
+
+            render_accuracy(result, get_console())
         for kind, path in outcome.paths.items():
             click.echo(f"{kind}: {path}")
     failed = result.failed

@@ -229,11 +229,11 @@ def build(
     builder = builder or create_builder(trt, logger)
     network = _api(builder, "Builder.create_network")(network_flags(trt, rec.network_flags))
     parser = _api(trt, "OnnxParser")(network, logger)
-    if not _api(parser, "OnnxParser.parse_from_file")(str(plan.source)):
+    if not _api(parser, "OnnxParser.parse_from_file")(str(plan.onnx_path)):
         errors = [str(_api(parser, "OnnxParser.get_error")(i).desc()) for i in range(_api(parser, "OnnxParser.num_errors"))]
-        unsupported = _unsupported_nodes(trt, builder, logger, rec, plan.source)
+        unsupported = _unsupported_nodes(trt, builder, logger, rec, plan.onnx_path)
         raise CheckFailed(
-            f"TensorRT {trt.__version__} cannot parse {plan.source}: {'; '.join(errors) or 'no parser message'}"
+            f"TensorRT {trt.__version__} cannot parse {plan.onnx_path}: {'; '.join(errors) or 'no parser message'}"
             + (f" (unsupported: {unsupported})" if unsupported else "")
         )
 
@@ -272,7 +272,7 @@ def build(
     serialized = _api(builder, "Builder.build_serialized_network")(network, config)
     seconds = time.perf_counter() - start
     if serialized is None:
-        raise CheckFailed(f"TensorRT {trt.__version__} failed to build the engine from {plan.source}; its log above says why")
+        raise CheckFailed(f"TensorRT {trt.__version__} failed to build the engine from {plan.onnx_path}; its log above says why")
     new_cache = None
     if timing_cache is not None:
         new_cache = bytes(memoryview(_api(_api(config, "IBuilderConfig.get_timing_cache")(), "ITimingCache.serialize")()))

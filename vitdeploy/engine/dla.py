@@ -116,7 +116,7 @@ class DlaReport:
             "layers": dict(counts),
             "macs_unknown_nodes": unknown,
             "fallback": self.by_rule(),
-            "nodes": [asdict(n) | {"reasons": [{"rule": r, "detail": d} for r, d in n.reasons]} for n in self.nodes],
+            "nodes": [dict(asdict(n), reasons=[{"rule": r, "detail": d} for r, d in n.reasons]) for n in self.nodes],
         }
 
     def summary_lines(self) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import platform
 import re
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -169,6 +170,7 @@ def make_fingerprint(
         "plan_bytes": plan_bytes,
         "build_seconds": round(float(build_seconds), 3),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "built_on": socket.gethostname(),  # the machine that built it (the device, also when driven with --on HOST)
         "plan": plan.to_dict(),
     }
     if extra:

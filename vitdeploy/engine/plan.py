@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, Tuple
 
 from ..errors import ConfigError, UserError
 from ..spec import check_resolution, parse_resolution
@@ -38,7 +38,7 @@ MAX_OPT_LEVEL = 5  # builder optimisation levels are 0..5 (trtexec help, TensorR
 DLA_MAX_BATCH = 4096
 DLA_MAX_DIM = 8192
 
-Triple = tuple[int, int, int]
+Triple = Tuple[int, int, int]  # a run-time alias: typing.Tuple, since tuple[...] needs Python 3.9
 
 
 # -- small parsers -------------------------------------------------------------------------------
@@ -293,6 +293,17 @@ class EnginePlan:
     calibration: dict[str, Any] | None = None
     target: str | None = None
     notes: tuple[str, ...] = field(default=())
+    # The graph TensorRT parses when it is not ``source`` itself: the bundle graph lowered for an
+    # older parser (``lowering``), with its hash and what was rewritten. ``source`` stays the bundle
+    # graph whose contract the engine implements (and whose hash ties the engine to the bundle).
+    parse_graph: str | None = None
+    parse_graph_sha256: str | None = None
+    lowering: dict[str, Any] | None = None
+
+    @property
+    def onnx_path(self) -> str:
+        """The ONNX file handed to TensorRT's parser (trtexec --onnx, OnnxParser.parse_from_file)."""
+        return self.parse_graph or self.source
 
     @property
     def layout(self) -> InputLayout:

@@ -2,12 +2,19 @@
 
 Modes (the CLI picks one):
 
+- ``lint``: only the parse lint of the graph the plan would compile, against the target TensorRT's
+  parser rules (``parser_rules``, ``lint``); writes nothing;
 - ``dla_report``: the DLA feasibility report of the planned graph and shape (no TensorRT, no GPU);
 - ``dry_run``: validate the plan, write ``reports/engine-plan-<target>.json`` (plan, capabilities,
   the exact TensorRT calls, the trtexec line), no TensorRT needed when ``trt_version`` is given;
 - ``print_trtexec`` alone: only print the equivalent trtexec command;
 - otherwise build on this machine's GPU and write ``engines/<target>/model.plan`` + ``engine.json``
   (staged, then swapped in), and record the engine in the bundle's manifest.
+
+Every mode but ``lint`` first settles the graph TensorRT will parse: the bundle's graph when the
+target's parser reads it, else (TensorRT 8.x) that graph lowered to opset 17 by ``lowering``,
+verified against it with ONNX Runtime and stored in the bundle; a graph with nodes the target cannot
+parse and the lowering cannot rewrite is listed by a dry run and refused by a build, before TensorRT.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from ..errors import MissingDependencyError, UserError
 from ..fileio import atomic_write_bytes, atomic_write_json, sha256_bytes, staged_directory
 from . import dla, fingerprint, timing_cache
 from .builder import BuildRecipe, Ref, recipe
+from .lint import LintReport, lint_file
+from .parser_rules import ParserRules, rules_for
 from .plan import PATH_LEGACY, EnginePlan, PlanOptions, make_plan
 from .trtexec import trtexec_command
 from .versions import Capabilities, TrtVersion, capabilities_for, capabilities_of, installed_version
@@ -37,6 +46,7 @@ class BuildEngineRequest:
     dry_run: bool = False
     print_trtexec: bool = False
     dla_report: bool = False
+    lint: bool = False
 
 
 @dataclass
@@ -45,6 +55,8 @@ class BuildEngineOutcome:
     plan: EnginePlan | None = None
     written: list[Path] = field(default_factory=list)
     record: dict[str, Any] | None = None
+    exit_code: int = 0
+    lint: LintReport | None = None
 
 
 def _no_tensorrt_message() -> str:
@@ -82,19 +94,104 @@ def _out_root(bundle: Bundle) -> Path:
     return bundle.root if bundle.bare_onnx is None else bundle.bare_onnx.parent
 
 
-def run(request: BuildEngineRequest) -> BuildEngineOutcome:
+def run(request: BuildEngineRequest, log: Any = None) -> BuildEngineOutcome:
+    """Plan, then lint / report / print / build. ``log`` gets progress lines as they happen."""
     bundle = Bundle.open(request.bundle)
-    building = not (request.dry_run or request.dla_report or request.print_trtexec)
+    bundle.refuse_variable_size("build-engine")  # engine profiles for two-input graphs are not planned yet
+    building = not (request.dry_run or request.dla_report or request.print_trtexec or request.lint)
     options = request.options
     if request.dla_report and not options.batch and options.dla_core is None:
         options = replace(options, batch=("1",))  # the report is about static DLA shapes by default
     caps, trt = _capabilities(request, need_live=building)
+    made: list[str] = []
+    if not request.lint:
+        made = _make_missing_fp16(bundle, options, log)
     plan = make_plan(bundle, options, caps)
+    rules = rules_for(caps.version)
+    if request.lint:
+        return _lint_only(bundle, plan, rules)
+    plan, report = parse_graph(bundle, plan, rules, log)
+    if building and report.findings:
+        first = (report.blocking or report.findings)[0]
+        raise UserError(
+            f"TensorRT {caps.version} cannot parse {Path(report.graph).name}: {len(report.findings)} node(s), e.g. {first.line()} "
+            "(see build-engine --lint); nothing was built"
+        )
     if request.dla_report:
-        return _dla_report(bundle, plan)
-    if not building:
-        return _plan_only(bundle, plan, caps, request)
-    return _build(bundle, plan, trt)
+        outcome = _dla_report(bundle, plan)
+    elif not building:
+        outcome = _plan_only(bundle, plan, caps, request, report)
+    else:
+        outcome = _build(bundle, plan, trt)
+    outcome.lines[:0] = made
+    outcome.lint = report
+    return outcome
+
+
+def _make_missing_fp16(bundle: Bundle, options: PlanOptions, log: Any) -> list[str]:
+    """``--precision fp16`` on a bundle without its fp16 graph: make it with the fp16 pass, as
+    trtexec users expect ``--fp16`` to just work (the legacy path builds the fp32 graph with flags)."""
+    if options.precision != "fp16" or options.legacy_precision or bundle.bare_onnx is not None or "fp16" in bundle.precisions():
+        return []
+    if "fp32" not in bundle.precisions():
+        return []  # make_plan says what is missing
+    from ..lazy import available, install_hint
+
+    if not available("onnxconverter_common"):  # the fp16 pass is ONNX-only: no torch needed
+        raise MissingDependencyError(
+            f"bundle {bundle.root} has no fp16 graph and making it needs onnxconverter-common: {install_hint('onnxconverter_common')}"
+        )
+    from ..exporters.fp16 import add_fp16_to_bundle
+
+    line = f"bundle {bundle.root} has no fp16 graph: making model.fp16.onnx with the fp16 pass (LayerNorm/Softmax kept fp32)"
+    if log:
+        log(line)
+    path = add_fp16_to_bundle(bundle)
+    return [] if log else [line, f"  wrote {path}"]
+
+
+def parse_graph(bundle: Bundle, plan: EnginePlan, rules: ParserRules, log: Any = None) -> tuple[EnginePlan, LintReport]:
+    """The plan pointed at the graph the target's parser reads, and the lint of that graph.
+
+    When the bundle graph has findings the lowering rewrites (8.x: opset, Gelu, LayerNormalization
+    on 8.5), the lowered graph is made (or reused) and the plan's ``parse_graph`` names it; the
+    returned lint is then the lowered graph's (empty when every finding was lowerable).
+    """
+    from .lowering import bundle_graph
+
+    report = lint_file(plan.source, rules)
+    if not report.findings or report.blocking or not rules.needs_lowering:
+        return plan, report
+    path, record = bundle_graph(bundle, plan.source, plan.source_precision, rules, log)
+    lowered_report = lint_file(path, rules)
+    rewrites = ", ".join(f"{what} x{n}" for what, n in record["rewrites"].items())
+    note = (f"TensorRT {rules.key}'s parser cannot read {Path(plan.source).name} ({', '.join(report.by_rule())}); "
+            f"it parses {path.name}: {rewrites}; verified against the bundle graph with ONNX Runtime")
+    lowering = {k: v for k, v in record.items() if k != "verification"}
+    lowering["verified"] = bool(record.get("verification", {}).get("passed"))
+    plan = replace(plan, parse_graph=str(path), parse_graph_sha256=record["sha256"], lowering=lowering, notes=plan.notes + (note,))
+    return plan, lowered_report
+
+
+def _lint_only(bundle: Bundle, plan: EnginePlan, rules: ParserRules) -> BuildEngineOutcome:
+    """The parse lint of the bundle graph the plan compiles, and of its lowered graph when one is stored."""
+    from .lowering import lowered_name
+
+    report = lint_file(plan.source, rules)
+    lines = report.lines()
+    exit_code = 1 if report.blocking else 0
+    if report.findings and not report.blocking:
+        lowered = Path(plan.source).parent / lowered_name(Path(plan.source).name, rules.key)
+        known = (bundle.manifest.get("parser_graphs") or {}).get(f"{plan.source_precision}@trt{rules.key}") or {}
+        fresh = bundle.bare_onnx is not None or known.get("source_sha256") == plan.source_sha256
+        if lowered.is_file() and fresh:
+            low = lint_file(lowered, rules)
+            lines += [f"the stored lowered graph {lowered.name}:"] + ["  " + line for line in low.lines()]
+            exit_code = 1 if low.findings else 0
+        else:
+            lines.append(f"every finding is rewritten by the lowering for TensorRT {rules.key}: build-engine (or --dry-run) writes "
+                         f"{lowered.name}, verified with ONNX Runtime, and parses that")
+    return BuildEngineOutcome(lines, plan, exit_code=exit_code, lint=report)
 
 
 def describe_plan(plan: EnginePlan) -> list[str]:
@@ -102,6 +199,9 @@ def describe_plan(plan: EnginePlan) -> list[str]:
         f"plan: TensorRT {plan.trt_version}, {plan.precision} via {plan.precision_path} from {Path(plan.source).name}"
         + (f" (flags {', '.join(plan.builder_flags)})" if plan.builder_flags else ""),
     ]
+    if plan.parse_graph:
+        lines.append(f"  TensorRT parses {Path(plan.parse_graph).name} (opset {plan.lowering['opset'][1]}, lowered from {Path(plan.source).name})"
+                     if plan.lowering else f"  TensorRT parses {Path(plan.parse_graph).name}")
     for i, p in enumerate(plan.profiles):
         lines.append(f"  profile {i}: {p.describe()}")
     knobs = []
@@ -140,7 +240,7 @@ def recipe_as_data(rec: BuildRecipe) -> dict[str, Any]:
     }
 
 
-def _plan_only(bundle: Bundle, plan: EnginePlan, caps: Capabilities, request: BuildEngineRequest) -> BuildEngineOutcome:
+def _plan_only(bundle: Bundle, plan: EnginePlan, caps: Capabilities, request: BuildEngineRequest, lint: LintReport) -> BuildEngineOutcome:
     target = plan.target or plan.default_target()
     engine_path = _out_root(bundle) / "engines" / target / fingerprint.PLAN_FILE
     cmd = trtexec_command(plan, caps, engine_path)
@@ -154,27 +254,38 @@ def _plan_only(bundle: Bundle, plan: EnginePlan, caps: Capabilities, request: Bu
             "capabilities": caps.to_dict(),
             "tensorrt_calls": recipe_as_data(recipe(plan, caps)),
             "trtexec": {"argv": cmd.argv, "notes": cmd.notes},
+            "parse_lint": lint.to_dict(),
         }
         path = _out_root(bundle) / "reports" / f"engine-plan-{target}.json"
         atomic_write_json(path, report)
         written.append(path)
         lines += describe_plan(plan)
+        lines += lint.lines()
         lines.append(f"plan report: {path}")
     if request.print_trtexec:
         lines.append(f"# trtexec equivalent for TensorRT {caps.version}:")
         lines.append(cmd.text())
         lines += [f"# note: {n}" for n in cmd.notes]
-    return BuildEngineOutcome(lines, plan, written)
+    # A plan whose graph the target cannot parse is not a valid plan: report it, and say so in the exit code.
+    return BuildEngineOutcome(lines, plan, written, exit_code=1 if lint.findings else 0)
 
 
 def _dla_report(bundle: Bundle, plan: EnginePlan) -> BuildEngineOutcome:
     profile = plan.profiles[0]
     shape = profile.shapes(plan.layout)["opt"]
     lowered = plan.precision_path == PATH_LEGACY and bool(plan.builder_flags)
-    report = dla.analyse(plan.source, shape, plan.precision, static_shapes=all(p.is_static for p in plan.profiles), flags_lower_fp32=lowered)
+    report = dla.analyse(plan.onnx_path, shape, plan.precision, static_shapes=all(p.is_static for p in plan.profiles), flags_lower_fp32=lowered)
     path = _out_root(bundle) / "reports" / f"dla-{plan.precision}.json"
     atomic_write_json(path, {**report.to_dict(), "profiles": plan.to_dict()["profiles"]})
     return BuildEngineOutcome(report.summary_lines() + [f"report: {path}"], plan, [path])
+
+
+def _parsed_graph(plan: EnginePlan) -> dict[str, Any]:
+    """What engine.json records about the graph TensorRT parsed (the lowered one on 8.x)."""
+    if not plan.parse_graph:
+        return {"file": Path(plan.source).name, "sha256": plan.source_sha256, "lowered": False}
+    return {"file": Path(plan.parse_graph).name, "sha256": plan.parse_graph_sha256, "lowered": True,
+            "from": Path(plan.source).name, "lowering": plan.lowering}
 
 
 def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
@@ -205,7 +316,7 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
     cmd = trtexec_command(plan, caps, engine_dir / fingerprint.PLAN_FILE)
     fp = fingerprint.make_fingerprint(
         plan, device, caps.version, plan_sha, len(result.plan_bytes), result.seconds, cache_sha,
-        extra={"target": target, "dla_layers": result.dla_layers, "trtexec": cmd.argv},
+        extra={"target": target, "dla_layers": result.dla_layers, "trtexec": cmd.argv, "parsed_graph": _parsed_graph(plan)},
     )
     with staged_directory(engine_dir) as staging:
         atomic_write_bytes(staging / fingerprint.PLAN_FILE, result.plan_bytes)
@@ -215,6 +326,7 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
         "plan_sha256": plan_sha,
         "source_sha256": plan.source_sha256,
         "source_precision": plan.source_precision,
+        "parsed_graph": _parsed_graph(plan),
         "precision": plan.precision,
         "precision_path": plan.precision_path,
         "tensorrt": caps.version,

@@ -10,7 +10,10 @@ Flag names and their availability were checked against trtexec's own option pars
 - ``--memPoolSize=workspace:<size>`` (MiB when no suffix), ``--builderOptimizationLevel=N`` (8.6+),
   ``--timingCacheFile=<file>``, ``--hardwareCompatibilityLevel=none|ampere+|sameComputeCapability``
   (8.6+; the last 10.9+), ``--versionCompatible`` (8.6+), ``--useDLACore=N``, ``--allowGPUFallback``,
-  ``--saveEngine=<file>``, ``--skipInference`` (build only).
+  ``--saveEngine=<file>``, ``--skipInference`` (build only; 8.6+: trtexec 8.5 calls it ``--buildOnly``,
+  read from ``release/8.5`` and ``release/8.6`` of ``samples/common/sampleOptions.cpp``).
+- ``--onnx`` names the graph TensorRT parses: for 8.x the bundle graph lowered to opset 17
+  (``EnginePlan.onnx_path``, see ``lowering``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def _mib(nbytes: int) -> str:
 
 def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Path | None = None) -> TrtexecCommand:
     """The trtexec invocation equivalent to ``plan`` for the TensorRT ``caps`` describe."""
-    argv = ["trtexec", f"--onnx={plan.source}"]
+    argv = ["trtexec", f"--onnx={plan.onnx_path}"]
     notes: list[str] = []
     layout = plan.layout
 
@@ -101,5 +104,6 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
     if engine_path is None:
         engine_path = f"engines/{plan.target or plan.default_target()}/model.plan"
     argv.append(f"--saveEngine={engine_path}")
-    argv.append("--skipInference")
+    # trtexec 8.5 names it --buildOnly; 8.6 renamed it --skipInference (the old name warns, then is gone)
+    argv.append("--skipInference" if caps.trtexec_skip_inference else "--buildOnly")
     return TrtexecCommand(argv, notes)

@@ -80,6 +80,8 @@ _TRTEXEC: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = {
     "trtexec_strongly_typed_flag": ((10, 0), (11, 0)),
     # --fp16/--int8/--best/--calib exist up to 10.x
     "trtexec_precision_flags": (None, (11, 0)),
+    # --skipInference (8.6+); trtexec 8.5 has --buildOnly instead (sampleOptions.cpp, release/8.5 vs 8.6)
+    "trtexec_skip_inference": ((8, 6), None),
 }
 
 
@@ -107,6 +109,7 @@ class Capabilities:
     trtexec_profiles: bool
     trtexec_strongly_typed_flag: bool
     trtexec_precision_flags: bool
+    trtexec_skip_inference: bool = True
 
     @property
     def trt_version(self) -> TrtVersion:

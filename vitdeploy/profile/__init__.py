@@ -40,6 +40,7 @@ def profile_bundle(
     out_dir: str | Path | None = None,
     plot: bool = True,
     progress_console: Any | None = None,
+    accuracy: str | None = None,
 ) -> ProfileOutcome:
     """Profile a bundle (or a vitdeploy .onnx), write the reports and record them in the manifest.
 
@@ -49,6 +50,10 @@ def profile_bundle(
     from .report import SweepProgress, write_reports
 
     bundle = Bundle.open(path)
+    if accuracy:
+        from .accuracy import check_source
+
+        check_source(accuracy)  # before the sweep, not after minutes of timing
     progress = SweepProgress(progress_console) if progress_console is not None else None
     with progress if progress is not None else contextlib.nullcontext():
         result = run_sweep(
@@ -58,8 +63,18 @@ def profile_bundle(
             on_done=progress.on_done if progress else None,
             on_round=progress.on_round if progress else None,
         )
+    if accuracy:  # `--accuracy SOURCE`: the accuracy of what each cell timed (vitdeploy.profile.accuracy)
+        from .accuracy import add_accuracy
+
+        add_accuracy(bundle, result, accuracy, config, int(result.machine.get("threads") or 1))
     target = Path(out_dir) if out_dir is not None else bundle.reports_dir()
     paths = write_reports(result, target, plot=plot)
+    if accuracy and plot:
+        from .accuracy import write_accuracy_plot
+
+        accuracy_png = write_accuracy_plot(result, target / "profile_accuracy.png")
+        if accuracy_png is not None:
+            paths["accuracy_png"] = accuracy_png
     if out_dir is None and bundle.bare_onnx is None:
         statuses = [r["status"] for r in result.rows]
         bundle.set_record("profile", {

@@ -128,11 +128,20 @@ def peak_rss_mb() -> float:
 
 
 class GpuMemoryProbe:
-    """Device memory in use, where a GPU is visible: NVML if installed, else torch if already loaded.
+    """Device memory a cell holds, where a GPU is visible.
 
-    Reports ``used now - used before the cell`` (the cell's sessions, engines and buffers) and, for a
-    torch runner, torch's own allocator peak. Never imports torch itself: on a CPU-only run the
-    profiler must not pay torch's import and memory.
+    Two readings, because one alone was wrong (issue 14: ``gpu_mem_mb`` was 0.0 for every ViT-B cell
+    on an H200). The driver's "used" (NVML if installed, else torch's ``mem_get_info``) cannot see
+    into torch's caching allocator: the GEMM probe's and earlier cells' freed blocks stay reserved,
+    the next torch cell reuses them, and used-after minus used-before is 0. So:
+
+    * before each cell torch's cache is emptied (when torch has initialised CUDA), so the driver
+      delta of an ORT or TensorRT cell is what that cell allocated;
+    * a torch cell is counted by torch's allocator itself: its peak of allocated bytes during the
+      cell minus what was allocated before it (weights, static buffers, CUDA-graph pool,
+      activations), which is what the model needs on the device.
+
+    Never imports torch itself: on a CPU-only run the profiler must not pay torch's import and memory.
     """
 
     def __init__(self) -> None:
@@ -148,12 +157,14 @@ class GpuMemoryProbe:
             self._nvml = None
 
     @staticmethod
-    def _torch_cuda() -> Any | None:
+    def _torch_cuda(initialised: bool = True) -> Any | None:
         torch = sys.modules.get("torch")
         if torch is None:
             return None
         try:
-            return torch.cuda if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+            if not torch.cuda.is_available():
+                return None
+            return torch.cuda if (torch.cuda.is_initialized() or not initialised) else None
         except Exception:
             return None
 
@@ -169,6 +180,18 @@ class GpuMemoryProbe:
             return (total - free) / 2**20
         return None
 
+    def begin(self) -> tuple[float | None, float | None]:
+        """Before a cell's runner is built: (driver used MiB, torch allocated MiB), peak reset."""
+        cuda = self._torch_cuda()
+        if cuda is not None:
+            cuda.synchronize()
+            cuda.empty_cache()  # earlier cells' cached blocks would hide this cell's allocations
+            cuda.reset_peak_memory_stats()
+            torch_before: float | None = cuda.memory_allocated() / 2**20
+        else:  # torch has not touched the GPU yet (or is not loaded): nothing of its is allocated
+            torch_before = 0.0 if self._torch_cuda(initialised=False) is not None else None
+        return self.used_mb(), torch_before
+
     def reset_torch_peak(self) -> None:
         cuda = self._torch_cuda()
         if cuda is not None:
@@ -177,6 +200,17 @@ class GpuMemoryProbe:
     def torch_peak_mb(self) -> float | None:
         cuda = self._torch_cuda()
         return cuda.max_memory_allocated() / 2**20 if cuda is not None else None
+
+    def cell_mb(self, runner_info: Any, driver_before: float | None, torch_before: float | None,
+                driver_after: float | None, torch_peak: float | None) -> float | None:
+        """What the cell held: torch's allocator peak delta for a torch runner on CUDA, else the
+        driver's used delta."""
+        on_cuda = str(getattr(runner_info, "device", "")).startswith("cuda")
+        if getattr(runner_info, "backend", None) == "torch" and on_cuda and torch_peak is not None and torch_before is not None:
+            return torch_peak - torch_before
+        if driver_after is not None and driver_before is not None:
+            return driver_after - driver_before
+        return None
 
 
 # -- the measurement ---------------------------------------------------------------------------
@@ -238,6 +272,8 @@ class LoadedRunner:
     rss_before_mb: float | None
     rss_scope: str
     gpu_before_mb: float | None
+    gpu_torch_before_mb: float | None = None
+    gpu_after_load: tuple[float | None, float | None] = (None, None)  # (driver used, torch peak) after warm-up
     samples: list[float] = field(default_factory=list)
     device: list[float] = field(default_factory=list)
 
@@ -260,9 +296,7 @@ def load(
         raise UserError(f"warm-up must be >= 0 iterations, got {warmup}")
     scope = "cell" if reset_rss and reset_peak_rss() else "process"
     rss_before = current_rss_mb()
-    gpu_before = gpu.used_mb() if gpu else None
-    if gpu:
-        gpu.reset_torch_peak()
+    gpu_before, torch_before = gpu.begin() if gpu else (None, None)
     t0 = time.perf_counter()
     runner = make_runner()
     t_loaded = time.perf_counter()
@@ -280,7 +314,10 @@ def load(
     except BaseException:
         runner.close()
         raise
-    return LoadedRunner(runner, batch, t_first - t0, t_loaded - t0, t_first - t_loaded, warmup, rss_before, scope, gpu_before)
+    loaded = LoadedRunner(runner, batch, t_first - t0, t_loaded - t0, t_first - t_loaded, warmup, rss_before, scope, gpu_before, torch_before)
+    if gpu:
+        loaded.gpu_after_load = (gpu.used_mb(), gpu.torch_peak_mb())
+    return loaded
 
 
 def timed_calls(loaded: LoadedRunner, iterations: int | None = None, duration_s: float | None = None,
@@ -310,12 +347,20 @@ def timed_calls(loaded: LoadedRunner, iterations: int | None = None, duration_s:
 
 
 def finish(loaded: LoadedRunner, cv_threshold: float = DEFAULT_CV_THRESHOLD, gpu: GpuMemoryProbe | None = None,
-           rss_scope: str | None = None, rss_added_mb: float | None = None) -> Measurement:
-    """Summarise the timed calls, read memory, close the runner."""
+           rss_scope: str | None = None, rss_added_mb: float | None = None, gpu_scope: str = "loop") -> Measurement:
+    """Summarise the timed calls, read memory, close the runner.
+
+    ``gpu_scope="load"`` takes the device memory read right after the cell's load and warm-up
+    (interleaved sweeps: by the end of the loop every cell is resident and the readings mix)."""
     try:
-        gpu_after = gpu.used_mb() if gpu else None
-        torch_peak = gpu.torch_peak_mb() if gpu else None
+        if gpu is None:
+            gpu_after, torch_peak = None, None
+        elif gpu_scope == "load":
+            gpu_after, torch_peak = loaded.gpu_after_load
+        else:
+            gpu_after, torch_peak = gpu.used_mb(), gpu.torch_peak_mb()
         info = loaded.runner.info
+        gpu_mem = gpu.cell_mb(info, loaded.gpu_before_mb, loaded.gpu_torch_before_mb, gpu_after, torch_peak) if gpu else None
         runner_info = {"backend": info.backend, "precision": info.precision, "device": info.device, **info.details}
     finally:
         loaded.runner.close()
@@ -340,7 +385,7 @@ def finish(loaded: LoadedRunner, cv_threshold: float = DEFAULT_CV_THRESHOLD, gpu
         rss_before_mb=loaded.rss_before_mb,
         rss_scope=rss_scope or loaded.rss_scope,
         rss_added_mb=rss_added_mb,
-        gpu_mem_mb=(gpu_after - loaded.gpu_before_mb) if gpu_after is not None and loaded.gpu_before_mb is not None else None,
+        gpu_mem_mb=gpu_mem,
         torch_gpu_peak_mb=torch_peak,
         runner=runner_info,
         samples_s=list(loaded.samples),

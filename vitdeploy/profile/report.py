@@ -36,7 +36,8 @@ from .sweep import Cell, SweepResult
 SCHEMA = "vitdeploy-profile/1"
 
 COLUMNS: dict[str, str] = {
-    "backend": "ort (ONNX Runtime), torch (PyTorch eager) or tensorrt",
+    "backend": "ort (ONNX Runtime), torch (PyTorch; see torch_mode) or tensorrt",
+    "torch_mode": "torch backend: eager, cuda-graph or compile (what ran; --torch-mode auto picks the fastest without compiling)",
     "precision": "fp32, fp16 or int8: which graph (ort/tensorrt) or dtype (torch) ran",
     "device": "where it ran: cpu, cuda:0 (from the runner)",
     "height": "input height, pixels",
@@ -62,20 +63,26 @@ COLUMNS: dict[str, str] = {
     "max_ms": "slowest call, ms",
     "cv": "coefficient of variation, std / mean",
     "unstable": "true when cv exceeds the threshold (config.cv_threshold)",
-    "device_p50_ms": "median device time from CUDA events (tensorrt only), ms",
+    "device_p50_ms": "median device time from CUDA events (tensorrt; torch on CUDA: the forward without the copies), ms",
     "throughput_ips": "images per second over the timed loop: batch x iterations / total time",
     "startup_s": "runner load (session / engine / model) to first result, s",
     "load_s": "runner construction alone, s",
     "peak_rss_mb": "peak resident memory of the process during the cell (VmHWM), MiB",
     "rss_added_mb": "peak_rss_mb minus the resident memory before the cell's runner was loaded: what the cell added, MiB",
     "rss_scope": "cell: the peak was reset before this cell; process: peak since the process started",
-    "gpu_mem_mb": "device memory the cell added (used after the loop - used before load), MiB; empty without a GPU",
+    "gpu_mem_mb": ("device memory the cell held, MiB; torch: its allocator's peak minus what was allocated before the cell "
+                   "(weights, buffers, activations); ort/tensorrt: driver used after the loop minus before load; empty without a GPU"),
     "achieved_gflops": "flops / p50 latency / 1e9",
     "peak_gflops": "the machine's GEMM peak for this device and precision class, measured in this run",
     "peak_share": "achieved_gflops / peak_gflops",
     "jetson_power_mw": "mean input-rail power during the cell (VDD_IN / POM_5V_IN), mW; Jetson only",
     "jetson_gpu_load_pct": "mean GR3D (GPU) load during the cell, %; Jetson only",
     "jetson_ram_used_mb": "highest RAM in use during the cell (CPU + GPU share it), MB; Jetson only",
+    # with --accuracy SOURCE (vitdeploy.profile.accuracy); empty otherwise
+    "accuracy": "top-1 accuracy of this cell's runner on the --accuracy data at this size (same for every batch size)",
+    "accuracy_ci95_low": "95% Wilson interval of the accuracy, lower bound",
+    "accuracy_ci95_high": "95% Wilson interval of the accuracy, upper bound",
+    "accuracy_n": "labelled images scored for the accuracy",
 }
 
 
@@ -230,7 +237,85 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def render_table(result: SweepResult, console: Any) -> None:
+TABLE_WIDTH = 120  # the default table fits this many terminal columns; --wide shows every column
+
+
+def render_table(result: SweepResult, console: Any, wide: bool = False) -> None:
+    """The sweep as a terminal table.
+
+    By default a compact table that fits :data:`TABLE_WIDTH` columns: one row per measured (or
+    failed) cell with latency, throughput, efficiency and memory; cells that cannot exist are one
+    summary line under it, and failures and instability are listed beneath, one line each.
+    ``wide``: every column, every cell, notes inline (the CSV/JSON always hold everything).
+    """
+    if wide:
+        _render_wide(result, console)
+    else:
+        _render_compact(result, console)
+    _render_footer(result, console)
+
+
+def _render_compact(result: SweepResult, console: Any) -> None:
+    from rich import box
+    from rich.table import Table
+
+    title = f"profile: {result.bundle.get('name')}  ({result.machine.get('cpu') or ''}, {result.machine.get('threads')} threads)"
+    # one space between columns (no vertical rules): 14 columns of numbers fit 120 terminal columns
+    table = Table(title=title[:TABLE_WIDTH], title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1), collapse_padding=True)
+    # GPU runs show device time and device memory in place of the attention share and added RSS
+    gpu_cols = any(r.get("device_p50_ms") is not None or r.get("gpu_mem_mb") is not None for r in result.rows)
+    tail = (("dev ms", "right"), ("GPU MiB", "right")) if gpu_cols else (("attn", "right"), ("+RSS", "right"))
+    for name, justify in (("cell", "left"), ("size", "right"), ("batch", "right"), ("L", "right"), ("p50 ms", "right"),
+                          ("p99 ms", "right"), ("CV", "right"), ("img/s", "right"), ("GMAC", "right"), ("GFLOP/s", "right"),
+                          ("% peak", "right"), ("RSS MiB", "right")) + tail:
+        table.add_column(name, justify=justify, no_wrap=True)
+    for r in result.rows:
+        if r["status"] == "skipped":
+            continue  # summarised in one line under the table
+        ok = r["status"] == "ok"
+        cv = _fmt(r.get("cv"), ".1%") if ok else "-"
+        if ok and r.get("unstable"):
+            cv = f"[yellow]{cv}*[/]"
+        p50 = _fmt(r.get("p50_ms"), ".2f") if ok else "[red]failed[/]"
+        last = ((_fmt(r.get("device_p50_ms"), ".3f"), _fmt(r.get("gpu_mem_mb"), ".0f")) if gpu_cols
+                else (_fmt(r["attention_share"], ".0%"), _fmt(r.get("rss_added_mb"), ".0f")))
+        table.add_row(
+            _cell_name(r), f"{r['height']}x{r['width']}", str(r["batch"]), str(r["seq_len"]), p50,
+            _fmt(r.get("p99_ms"), ".2f"), cv, _fmt(r.get("throughput_ips"), ".1f"), _fmt(r["macs"] / 1e9, ".2f"),
+            _fmt(r.get("achieved_gflops"), ".1f"), _fmt(r.get("peak_share"), ".0%"), _fmt(r.get("peak_rss_mb"), ".0f"), *last,
+        )
+    if table.row_count:
+        console.print(table)
+    skipped = skipped_summary(result.rows)
+    if skipped:
+        console.print(f"[dim]{skipped}[/]", soft_wrap=True)
+    for r in result.rows:
+        if r["status"] == "failed":
+            console.print(f"[red]failed: {_cell_name(r)} {r['height']}x{r['width']} b{r['batch']}: {r.get('note') or ''}[/]",
+                          soft_wrap=True)
+
+
+def _cell_name(r: dict[str, Any]) -> str:
+    mode = f" {r['torch_mode']}" if r.get("torch_mode") else ""
+    return f"{r['backend']}{mode} {r['precision']}"
+
+
+def skipped_summary(rows: list[dict[str, Any]]) -> str:
+    """Every skipped cell in one line, grouped by backend, precision and reason."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["status"] == "skipped":
+            groups.setdefault((_cell_name(r), r.get("note") or ""), []).append(r)
+    if not groups:
+        return ""
+    total = sum(len(g) for g in groups.values())
+    # the reason's first clause: the full text is in --wide, the CSV and the JSON
+    parts = [f"{name} x{len(cells)} ({reason.split(';')[0].strip()})" for (name, reason), cells in groups.items()]
+    return f"skipped {total} of {len(rows)} cells (--wide lists them): " + "; ".join(parts)
+
+
+def _render_wide(result: SweepResult, console: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"profile: {result.bundle.get('name')}  ({result.machine.get('cpu') or ''}, {result.machine.get('threads')} threads)",
@@ -240,6 +325,11 @@ def render_table(result: SweepResult, console: Any) -> None:
                           ("GMAC", "right"), ("GFLOP/s", "right"), ("% peak", "right"), ("attn", "right"),
                           ("start s", "right"), ("RSS MiB", "right"), ("+RSS", "right"), ("note", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "note")
+    # GPU runs: device time (CUDA events) and device memory beside the host numbers
+    gpu_cols = any(r.get("device_p50_ms") is not None or r.get("gpu_mem_mb") is not None for r in result.rows)
+    if gpu_cols:
+        table.add_column("dev p50 ms", justify="right", no_wrap=True)
+        table.add_column("GPU MiB", justify="right", no_wrap=True)
     for r in result.rows:
         ok = r["status"] == "ok"
         cv = _fmt(r.get("cv"), ".1%") if ok else "-"
@@ -250,14 +340,21 @@ def render_table(result: SweepResult, console: Any) -> None:
             note = f"[red]failed: {note}[/]"
         elif r["status"] == "skipped":
             note = f"[dim]skipped: {note}[/]"
+        extra = (_fmt(r.get("device_p50_ms"), ".3f"), _fmt(r.get("gpu_mem_mb"), ".0f")) if gpu_cols else ()
         table.add_row(
-            r["backend"], r["precision"], f"{r['height']}x{r['width']}", str(r["batch"]), str(r["seq_len"]),
+            r["backend"] + (f" {r['torch_mode']}" if r.get("torch_mode") else ""), r["precision"], f"{r['height']}x{r['width']}", str(r["batch"]), str(r["seq_len"]),
             _fmt(r.get("p50_ms"), ".2f"), _fmt(r.get("p90_ms"), ".2f"), _fmt(r.get("p99_ms"), ".2f"), cv,
             _fmt(r.get("throughput_ips"), ".1f"), _fmt(r["macs"] / 1e9, ".2f"), _fmt(r.get("achieved_gflops"), ".1f"),
             _fmt(r.get("peak_share"), ".0%"), _fmt(r["attention_share"], ".1%"), _fmt(r.get("startup_s"), ".2f"),
-            _fmt(r.get("peak_rss_mb"), ".0f"), _fmt(r.get("rss_added_mb"), ".0f"), note,
+            _fmt(r.get("peak_rss_mb"), ".0f"), _fmt(r.get("rss_added_mb"), ".0f"), note, *extra,
         )
     console.print(table)
+
+
+def _render_footer(result: SweepResult, console: Any) -> None:
+    graphs = sorted({str(r.get("graph")) for r in result.rows if r["backend"] == "ort" and r["status"] == "ok" and r.get("graph")})
+    if any(g.endswith("model.cpu.onnx") for g in graphs):
+        console.print("ort fp32 ran model.cpu.onnx (attention fused for CPUs; --plain-graph runs model.onnx)")
     peaks = ", ".join(f"{p.library} {p.dtype} {p.gflops:.0f} GFLOP/s" for p in result.peaks)
     console.print(f"GEMM peak probes (n={result.peaks[0].n if result.peaks else '-'}): {peaks}")
     console.print(f"attention/MLP crossover at L = (2 + rho) d = {result.cost_model['crossover_seq_len']:.0f} tokens")
@@ -268,8 +365,8 @@ def render_table(result: SweepResult, console: Any) -> None:
         console.print(f"Jetson: nvpmodel {mode}, jetson_clocks {'locked' if clocks and clocks['locked'] else 'not locked' if clocks else 'unknown'}")
     unstable = [r for r in result.rows if r.get("unstable")]
     if unstable:
-        console.print(f"[yellow]warning: {len(unstable)} cell(s) unstable (CV > {result.config['cv_threshold']:.0%}): "
-                      "the machine was busy or throttling; rerun with more --iterations/--duration or on a quiet machine[/]")
+        console.print(f"[yellow]warning: {len(unstable)} cell(s) unstable (* CV > {result.config['cv_threshold']:.0%}): "
+                      "busy or throttling machine; rerun with more --iterations or on a quiet one[/]")
 
 
 class SweepProgress:

@@ -11,7 +11,11 @@ and peak memory belong to it), a synthetic input batch of the graph's own input 
   same run (vitdeploy.profile.gemm_probe);
 * on a Jetson, tegrastats samples taken while the cell ran.
 
-Cells that cannot exist (PyTorch has no int8 path; fp16 eager on a CPU) are kept in the matrix as
+The torch backend runs the fast PyTorch path (``exporters/torch_fast.py``: uint8 upload, normalisation
+on the device, ``inference_mode``, CUDA-graph replay or ``torch.compile``), one cell per requested
+``--torch-mode``; ``check`` keeps the reference runner that preprocesses on the host.
+
+Cells that cannot exist (PyTorch has no int8 path; fp16 or CUDA graphs on a CPU) are kept in the matrix as
 ``skipped`` with the reason, so the table says why a row is empty. A cell that fails at run time is
 ``failed`` with the error and the sweep goes on; bad requests (unknown backend, a size the patches
 don't tile, a precision the bundle lacks) are refused before anything runs.
@@ -57,6 +61,7 @@ BACKENDS = ("ort", "torch", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "int8")
 DEVICES = ("auto", "cpu", "cuda")
 GRAPH_BACKENDS = ("ort", "tensorrt")  # backends that run the bundle's ONNX graphs (need the artifact)
+TORCH_MODES = ("auto", "eager", "cuda-graph", "compile")  # exporters/torch_fast.py
 
 
 @dataclass
@@ -72,8 +77,10 @@ class SweepConfig:
     threads: int | None = None  # intra-op threads for CPU backends; default: every CPU in the affinity mask
     pin: bool = False  # also restrict the process to the first `threads` CPUs of its affinity mask
     device: str = "auto"  # torch backend: cpu / cuda; ort: CPU or CUDA execution provider
+    torch_modes: list[str] | None = None  # torch backend: eager / cuda-graph / compile / auto (None: auto), one cell each
     cv_threshold: float = DEFAULT_CV_THRESHOLD
     ort_optimization: str = "all"  # ORT graph optimisation level (see vitdeploy.runtime.ort)
+    fused_cpu: bool = True  # ort fp32 on CPUs runs the bundle's fused model.cpu.onnx where there is one
     tegrastats_interval_ms: int = 100
     probe_budget_s: float = gemm_probe.BUDGET_S
     seed: int = 0
@@ -92,10 +99,12 @@ class Cell:
     width: int
     batch: int
     skip_reason: str | None = None
+    torch_mode: str | None = None  # torch cells: the requested mode (auto, eager, cuda-graph, compile)
 
     @property
     def label(self) -> str:
-        return f"{self.backend} {self.precision} {self.height}x{self.width} b{self.batch}"
+        backend = f"{self.backend} {self.torch_mode}" if self.torch_mode else self.backend
+        return f"{backend} {self.precision} {self.height}x{self.width} b{self.batch}"
 
 
 @dataclass
@@ -203,22 +212,30 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
                 "vitdeploy's exporters: pip install 'vitdeploy[export]' (or export with --dynamic-resolution)"
             )
     torch_device = None
+    torch_modes = _choose(config.torch_modes, TORCH_MODES, "torch mode") if config.torch_modes else ["auto"]
+    if config.torch_modes and "torch" not in backends:
+        raise UserError("--torch-mode applies to the torch backend; add --backend torch")
     if "torch" in backends:
         if not available("vitdeploy.exporters.torch_runner"):
             raise MissingDependencyError("the torch backend rebuilds the source model with vitdeploy's exporters: pip install 'vitdeploy[export]'")
         torch_device = _torch_device(config)
+        if torch_device == "cpu" and torch_modes == ["cuda-graph"]:
+            raise UserError("--torch-mode cuda-graph replays CUDA graphs and needs a GPU; torch runs on the CPU here (use eager or compile)")
 
     cells = []
     for backend in backends:
         for precision in precisions:
-            reason = None
-            if backend == "torch" and precision == "int8":
-                reason = "PyTorch eager has no int8 path; the int8 graph is measured on ort/tensorrt"
-            elif backend == "torch" and precision == "fp16" and torch_device == "cpu":
-                reason = "PyTorch fp16 eager is a GPU baseline; no GPU here"
-            for h, w in resolutions:
-                for b in batches:
-                    cells.append(Cell(backend, precision, int(h), int(w), int(b), reason))
+            for mode in torch_modes if backend == "torch" else [None]:
+                reason = None
+                if backend == "torch" and precision == "int8":
+                    reason = "PyTorch has no int8 path here; the int8 graph is measured on ort/tensorrt"
+                elif backend == "torch" and precision == "fp16" and torch_device == "cpu":
+                    reason = "PyTorch fp16 is a GPU baseline; no GPU here"
+                elif mode == "cuda-graph" and torch_device == "cpu":
+                    reason = "CUDA graphs need a GPU; torch runs on the CPU here"
+                for h, w in resolutions:
+                    for b in batches:
+                        cells.append(Cell(backend, precision, int(h), int(w), int(b), reason, mode))
     return cells
 
 
@@ -233,6 +250,14 @@ def graph_path(bundle: Bundle, precision: str, height: int, width: int) -> Path:
     from vitdeploy.exporters.variants import graph_for  # needs torch; checked in plan_cells
 
     return Path(graph_for(bundle, precision, height, width))
+
+
+def _cuda_provider(providers: list[str] | None) -> bool:
+    if providers is None:
+        from ..runtime.ort import default_providers
+
+        providers = default_providers()
+    return "CUDAExecutionProvider" in providers
 
 
 def _ort_providers(device: str) -> list[str] | None:
@@ -250,22 +275,29 @@ def runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int
 
         path = graph_path(bundle, cell.precision, cell.height, cell.width)
         providers = _ort_providers(config.device)
+        if config.fused_cpu and cell.precision == "fp32" and not _cuda_provider(providers) and path == bundle.artifact_path("fp32"):
+            from ..runtime.fused import cpu_graph_for  # the bundle's model.cpu.onnx, when gated and current
+
+            path = cpu_graph_for(bundle) or path
 
         def make() -> Runner:
             return OrtRunner(path, precision=cell.precision, providers=providers, threads=threads, optimization=config.ort_optimization)
 
         return make, _relative(bundle, path)
     if cell.backend == "torch":
-        from vitdeploy.exporters.torch_runner import TorchRunner
+        # The fast path (uint8 upload, normalisation on the device, CUDA graphs / torch.compile): the
+        # PyTorch baseline a careful user runs. `check` keeps the host-preprocessing reference runner.
+        from vitdeploy.exporters.torch_fast import FastTorchRunner
 
         device = _torch_device(config)
         # Runners are built for the native grid and re-gridded by the exporters for other sizes.
         resolution = (cell.height, cell.width)
+        mode = cell.torch_mode or "auto"
 
         def make() -> Runner:
-            return TorchRunner.from_bundle(bundle, device=device, dtype=cell.precision, resolution=resolution, threads=threads)
+            return FastTorchRunner.from_bundle(bundle, device=device, dtype=cell.precision, resolution=resolution, threads=threads, mode=mode)
 
-        return make, f"{bundle.manifest.get('source', {}).get('kind', 'source')}:{bundle.manifest.get('source', {}).get('name', '?')} (eager)"
+        return make, f"{bundle.manifest.get('source', {}).get('kind', 'source')}:{bundle.manifest.get('source', {}).get('name', '?')} (torch {mode})"
     if cell.backend == "tensorrt":
         entry = tensorrt_engine_for(bundle, cell)
 
@@ -358,6 +390,8 @@ def _row(cell: Cell, cost: CostReport, graph: str | None, status: str, note: str
          peak: gemm_probe.PeakProbe | None = None, tegra: dict[str, Any] | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {
         "backend": cell.backend,
+        # what ran (auto resolved by the runner), else what was asked for
+        "torch_mode": ((m.runner.get("torch_mode") if m else None) or cell.torch_mode) if cell.backend == "torch" else None,
         "precision": cell.precision,
         "device": m.runner.get("device") if m else None,
         "height": cell.height,
@@ -419,6 +453,7 @@ def run_sweep(
 ) -> SweepResult:
     """Plan, probe the machine's GEMM peak, then measure every cell: one after the other, or with
     ``config.rounds`` all loaded and timed in interleaved rounds (``on_round(r, rounds)`` per round)."""
+    bundle.refuse_variable_size("profile")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     t_start = time.perf_counter()
     cells = plan_cells(bundle, config)
@@ -543,7 +578,7 @@ def _run_interleaved(bundle: Bundle, cells: list[Cell], costs: list[CostReport],
                     rows[i] = _row(cells[i], costs[i], graph, "failed", _failure_note(exc))
     tegra = sampler.summary() if sampler is not None else None
     for i, (lr, graph, added) in sorted(loaded.items()):
-        m = finish(lr, config.cv_threshold, gpu, rss_scope="sweep", rss_added_mb=added)
+        m = finish(lr, config.cv_threshold, gpu, rss_scope="sweep", rss_added_mb=added, gpu_scope="load")
         peak = gemm_probe.peak_for(peaks, m.runner.get("device", "cpu"), cells[i].precision)
         note = f"unstable: CV {m.latency.cv:.0%} > {config.cv_threshold:.0%}" if m.unstable else ""
         # tegrastats ran over the whole interleaved phase: the same sweep-wide summary on every row

@@ -51,10 +51,12 @@ class Runner(ABC):
         self.last_latency_s = time.perf_counter() - start
         return out
 
-    def infer_batched(self, images: np.ndarray, batch: int, outputs: tuple[str, ...] = ("logits", "probs")) -> dict[str, np.ndarray]:
-        """Run ``images`` in chunks of ``batch`` and concatenate the named outputs."""
+    def infer_batched(self, images: np.ndarray, batch: int, outputs: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        """Run ``images`` in chunks of ``batch`` and concatenate the named outputs (default: every
+        output the artifact declares: logits/probs, embedding, patch_grid)."""
         parts = [self.infer(images[i:i + batch]) for i in range(0, len(images), batch)]
-        return {k: np.concatenate([p[k] for p in parts]) for k in outputs}
+        names = tuple(outputs) if outputs is not None else tuple(parts[0]) if parts else ()
+        return {k: np.concatenate([p[k] for p in parts]) for k in names}
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release sessions, engines and device buffers."""

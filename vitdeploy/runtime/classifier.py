@@ -4,6 +4,8 @@
     clf.classify("cat.jpg")                            # [[Top(label='cat', prob=0.93), ...]]
     clf.classify(frame_uint8_hwc, top_k=3)             # a camera frame, in the graph's channel order
     clf.classify(batch_uint8_nhwc)                     # any N: split to the engine's batch limits
+    clf.embed(images)                                  # [N, d] pooled features (bundles exported with
+    clf.patch_grid(images)                             # [N, d, G_h, G_w]    --outputs ...,embedding,patch_grid)
 
 Backend choice (``prefer``, in order): "tensorrt" takes the bundle's engine whose fingerprint
 (TensorRT version, GPU, compute capability) matches this device; "onnxruntime" runs the bundle's
@@ -114,6 +116,10 @@ class Classifier:
         unknown = [b for b in prefer if b not in BACKENDS]
         if unknown or not prefer:
             raise UserError(f"unknown backend {', '.join(unknown) or '(none)'}; choose from {', '.join(BACKENDS)}")
+        if bundle.preprocessing.get("variable_size"):  # (images, valid_hw) graph: any size per image
+            from .variable_classifier import VariableSizeClassifier
+
+            return VariableSizeClassifier.load_variable(bundle, prefer, precision, providers, threads, max_batch)
         input_size = model_input_size(bundle.preprocessing, bundle.resolution, bundle.spec.patch_size, size)
         passed_over: list[str] = []
         for backend in prefer:
@@ -135,13 +141,56 @@ class Classifier:
         return [top_k_of(row, self.labels, top_k) for row in self.probabilities(images)]
 
     def probabilities(self, images: ImageInput) -> np.ndarray:
-        """Class probabilities [N, K] (the graph's ``probs``)."""
-        rows = [self._run(batch) for batch in self._batches(images)]
+        """Class probabilities [N, K] (the graph's ``probs``, else softmax of its ``logits``)."""
+        self._require_output("probs", "logits")
+        return self._collect(images, "probs")
+
+    def embed(self, images: ImageInput, normalize: bool = False) -> np.ndarray:
+        """Pooled pre-head features [N, d]: the graph's ``embedding`` output (the model's own read-out,
+        final-normalised; already L2-normalised when exported with --normalize-embedding).
+        ``normalize=True`` L2-normalises here (for cosine retrieval on a graph that does not)."""
+        self._require_output("embedding")
+        out = self._collect(images, "embedding")
+        if normalize:
+            out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
+
+    def patch_grid(self, images: ImageInput) -> np.ndarray:
+        """Final patch tokens [N, d, G_h, G_w] in row-major grid order (token n = r*G_w + s at
+        [:, :, r, s]); prefix and register tokens excluded. All images must share one size here,
+        since G_h x G_w follows the input size."""
+        self._require_output("patch_grid")
+        return self._collect(images, "patch_grid")
+
+    @property
+    def outputs(self) -> list[str]:
+        """The outputs the bundle's graph declares (logits, probs, embedding, patch_grid)."""
+        return list(self.bundle.manifest.get("graph", {}).get("outputs") or ("logits", "probs"))
+
+    def _require_output(self, name: str, *alternatives: str) -> None:
+        have = self.outputs
+        if name in have or any(a in have for a in alternatives):
+            return
+        what = {"embedding": "embeddings", "patch_grid": "patch grids", "probs": "class probabilities"}[name]
+        hint = ("the model has no classification head" if name == "probs" and not self.bundle.spec.num_classes
+                else f"re-export with --outputs {','.join(have + [name])}")
+        raise UserError(f"bundle {self.bundle.root} gives no {what}: its graph's outputs are {','.join(have)}; {hint}")
+
+    def _collect(self, images: ImageInput, name: str) -> np.ndarray:
+        rows = [self._pick(self._run(batch), name) for batch in self._batches(images)]
         if not rows:
             raise UserError("no images given")
+        if len({r.shape[1:] for r in rows}) > 1:
+            raise UserError(f"the images give {name} of different shapes {sorted({r.shape[1:] for r in rows})}; "
+                            "pass images of one size (or load with size=(H, W))")
         return np.concatenate(rows, axis=0)
 
-    def _run(self, batch: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def _pick(out: Any, name: str) -> np.ndarray:
+        # a subclass whose _run returns the probabilities array itself (the variable-size classifier)
+        return out[name] if isinstance(out, dict) else out
+
+    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         count = len(batch)
         if count < self.min_batch:  # an engine profile (or a fixed batch) that needs more rows
             pad = np.repeat(batch[-1:], self.min_batch - count, axis=0)
@@ -149,10 +198,10 @@ class Classifier:
         feed = _normalise(batch, self.preprocessing) if self.float_input else batch
         with self._lock:
             outputs = self.runner.infer(feed)
-        probs = outputs.get("probs")
-        if probs is None:
-            probs = softmax(np.asarray(outputs["logits"], dtype=np.float64))
-        return np.asarray(probs, dtype=np.float32)[:count]
+        out = {k: np.asarray(v, dtype=np.float32)[:count] for k, v in outputs.items()}
+        if "probs" not in out and "logits" in out:
+            out["probs"] = softmax(out["logits"].astype(np.float64)).astype(np.float32)
+        return out
 
     # -- turning inputs into graph batches ----------------------------------------------------
     def prepare(self, image: Any) -> np.ndarray:
@@ -267,6 +316,45 @@ def predict_files(
     return results, about
 
 
+def embed_files(
+    bundle: str | os.PathLike | Bundle,
+    images: Sequence[str | os.PathLike],
+    patch_grid: bool = False,
+    normalize: bool = False,
+    precision: str = "best",
+    prefer: Sequence[str] = BACKENDS,
+    size: Sequence[int] | None = None,
+) -> tuple[np.ndarray, list[str], dict[str, Any]]:
+    """Features of image files (or one uint8 [N, H, W, 3] .npy array): the embedding [N, d], or with
+    ``patch_grid`` the patch grid [N, d, G_h, G_w]; the image names in row order; the classifier's
+    description."""
+    arrays = [Path(p) for p in images if str(p).endswith(".npy")]
+    with Classifier.load(bundle, prefer=prefer, precision=precision, size=size) as clf:
+        if arrays:
+            if len(arrays) != len(images):
+                raise UserError("give image files/folders or one .npy array, not both")
+            batch = np.concatenate([_load_npy_images(p) for p in arrays])
+            names = [f"{p}[{i}]" for p in arrays for i in range(len(_load_npy_images(p)))]
+            source: Any = batch
+        else:
+            paths = expand_image_paths(images)
+            names = [str(p) for p in paths]
+            source = names
+        feats = clf.patch_grid(source) if patch_grid else clf.embed(source, normalize=normalize)
+        about = clf.describe()
+    return feats, names, about
+
+
+def _load_npy_images(path: Path) -> np.ndarray:
+    try:
+        arr = np.load(path, allow_pickle=False, mmap_mode="r")
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path} as a .npy array ({exc})") from None
+    if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3:
+        raise UserError(f"{path} holds {arr.dtype} {list(arr.shape)}; expected uint8 [N, H, W, 3] images in the graph's channel order")
+    return np.asarray(arr)
+
+
 # -- top-k and softmax (the C++ example implements the same two functions) --------------------
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=-1, keepdims=True)
@@ -299,16 +387,17 @@ def _load_onnxruntime(cls, bundle, precision, providers, threads, input_size, ma
             chosen = have[0] if have else "fp32"
     else:
         chosen = precision
-    runner = OrtRunner(bundle.artifact_path(chosen), precision=chosen, providers=providers, threads=threads)
+    runner = OrtRunner(_ort_graph(bundle, chosen, wants_cuda), precision=chosen, providers=providers, threads=threads)
     if precision == "best" and chosen == "fp16" and runner.info.device == "cpu":
         # onnxruntime-gpu lists CUDA without a usable GPU and falls back silently: fp32 on the CPU.
         runner.close()
         chosen = "fp32"
-        runner = OrtRunner(bundle.artifact_path(chosen), precision=chosen, providers=providers, threads=threads)
+        runner = OrtRunner(_ort_graph(bundle, chosen, False), precision=chosen, providers=providers, threads=threads)
     batch_dim = runner.inputs()[0].shape[0]
     fixed = batch_dim if isinstance(batch_dim, int) and batch_dim > 0 else None
     used = runner.info.details.get("providers", [])
-    reason = f"onnxruntime {chosen} on {runner.info.device} ({', '.join(used)})"
+    graph = runner.info.details.get("graph")
+    reason = f"onnxruntime {chosen} on {runner.info.device} ({', '.join(used)}){f'; {graph}' if graph else ''}"
     return cls(
         runner,
         bundle,
@@ -320,6 +409,19 @@ def _load_onnxruntime(cls, bundle, precision, providers, threads, input_size, ma
         min_batch=fixed or 1,
         thread_safe=True,  # InferenceSession.run may be called concurrently
     )
+
+
+def _ort_graph(bundle: Bundle, precision: str, wants_cuda: bool) -> Path:
+    """The graph ONNX Runtime loads: on CPUs the fp32 precision uses the bundle's fused CPU graph
+    (model.cpu.onnx: ORT's Attention op) when it was made from the current fp32 graph and passed
+    its gate; everything else runs the plain graph."""
+    if precision == "fp32" and not wants_cuda:
+        from .fused import cpu_graph_for
+
+        fused = cpu_graph_for(bundle)
+        if fused is not None:
+            return fused
+    return bundle.artifact_path(precision)
 
 
 # -- TensorRT engines of a bundle -------------------------------------------------------------

@@ -33,10 +33,19 @@ class OrtRunner(Runner):
         threads: int | None = None,
         optimization: str = "all",
         extra_outputs: Sequence[str] = (),
+        memory_arena: bool = True,
+        spin: bool = True,
     ):
         ort = require("onnxruntime", "running ONNX graphs")
         opts = ort.SessionOptions()
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[optimization])
+        # The CPU arena keeps its high-water mark for the session's life; verification across
+        # sizes turns it off so each size's activations are returned before the next.
+        opts.enable_cpu_mem_arena = bool(memory_arena)
+        if not spin:
+            # ORT's idle threads spin after each run; when PyTorch runs next on the same cores
+            # (verification alternates them) the spinning steals its CPU time.
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             opts.intra_op_num_threads = int(threads)
             opts.inter_op_num_threads = 1
@@ -63,6 +72,7 @@ class OrtRunner(Runner):
                 "optimization": optimization,
                 "threads": threads or os.cpu_count(),
                 "onnxruntime": ort.__version__,
+                "graph": None if isinstance(model, bytes) else Path(model).name,
             },
         )
 

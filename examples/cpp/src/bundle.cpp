@@ -105,6 +105,7 @@ Bundle read_bundle(const std::string& dir) {
     b.name = get_or<std::string>(m, "name", "");
     const json& spec = m.at("spec");
     b.num_classes = spec.at("num_classes").get<int>();
+    b.embed_dim = get_or<int>(spec, "embed_dim", 0);
     b.patch_size = {spec.at("patch_size")[0].get<int>(), spec.at("patch_size")[1].get<int>()};
 
     const json& pre = m.at("preprocessing");
@@ -143,6 +144,26 @@ Bundle read_bundle(const std::string& dir) {
     b.default_h = get_or<int>(res, "height", 0);
     b.default_w = get_or<int>(res, "width", 0);
 
+    // graph outputs and what each holds (bundles written before outputs were selectable: logits, probs)
+    const json graph = m.contains("graph") && m["graph"].is_object() ? m["graph"] : json::object();
+    const json names = graph.contains("outputs") && graph["outputs"].is_array() ? graph["outputs"] : json::array({"logits", "probs"});
+    const json details = graph.contains("output_details") && graph["output_details"].is_object() ? graph["output_details"] : json::object();
+    for (const auto& n : names) {
+        OutputInfo o;
+        o.name = n.get<std::string>();
+        if (details.contains(o.name) && details[o.name].is_object()) {
+            const json& d = details[o.name];
+            for (const auto& dim : d.value("shape", json::array())) o.shape.push_back(dim.is_string() ? dim.get<std::string>() : std::to_string(dim.get<long long>()));
+            o.meaning = get_or<std::string>(d, "meaning", "");
+            o.readout = get_or<std::string>(d, "readout", "");
+            o.l2_normalized = get_or<bool>(d, "l2_normalized", false);
+            o.final_norm = get_or<std::string>(d, "final_norm", "");
+            if (d.contains("dropped_tokens") && d["dropped_tokens"].is_object())
+                for (const auto& [kind, count] : d["dropped_tokens"].items()) o.dropped_prefix_tokens += count.get<int>();
+        }
+        b.outputs.push_back(o);
+    }
+
     b.labels = read_labels(join(dir, "labels.txt"));
     if (static_cast<int>(b.labels.size()) != b.num_classes)
         throw std::runtime_error(join(dir, "labels.txt") + " has " + std::to_string(b.labels.size()) + " labels but the model has " +
@@ -162,6 +183,30 @@ Bundle read_bundle(const std::string& dir) {
         }
     }
     return b;
+}
+
+bool Bundle::has_output(const std::string& name) const {
+    for (const auto& o : outputs)
+        if (o.name == name) return true;
+    return false;
+}
+
+size_t Bundle::output_elements(const std::string& name, int h, int w) const {
+    if (!has_output(name)) {
+        std::string have;
+        for (const auto& o : outputs) have += (have.empty() ? "" : ",") + o.name;
+        throw std::runtime_error("the graph has no " + name + " output (outputs: " + have + "); re-export with vitdeploy export --outputs " +
+                                 have + "," + name);
+    }
+    if (name == "logits" || name == "probs") return static_cast<size_t>(num_classes);
+    if (embed_dim <= 0) throw std::runtime_error("the manifest's spec has no embed_dim; re-export the bundle");
+    if (name == "embedding") return static_cast<size_t>(embed_dim);
+    if (name == "patch_grid") {
+        if (h % patch_size[0] || w % patch_size[1])
+            throw std::runtime_error(std::to_string(h) + "x" + std::to_string(w) + " is not a multiple of the patch size");
+        return static_cast<size_t>(embed_dim) * (h / patch_size[0]) * (w / patch_size[1]);
+    }
+    throw std::runtime_error("unknown output " + name);
 }
 
 std::pair<int, int> Bundle::input_size(std::pair<int, int> requested) const {

@@ -229,6 +229,37 @@ void test_bundle(const std::string& dir) {
     CHECK(throws_with([&] { vitdeploy::read_bundle(dir + "/nowhere"); }, "manifest.json"));
 }
 
+// -- graph outputs (issue 12: embedding and patch grid) ---------------------------------------------
+void test_outputs(const std::string& dir) {
+    const std::string b = dir + "/features";
+    std::system(("mkdir -p " + b).c_str());
+    write_text(b + "/manifest.json", R"({"format": "vitdeploy-bundle/1", "name": "f",
+      "spec": {"num_classes": 0, "patch_size": [14, 14], "image_size": [56, 56], "embed_dim": 384},
+      "labels": [], "preprocessing": {"input_size": null}, "resolution": {"mode": "dynamic", "height": 56, "width": 56},
+      "graph": {"outputs": ["embedding", "patch_grid"], "output_details": {
+        "embedding": {"shape": ["batch", 384], "meaning": "pooled pre-head feature", "readout": "cls", "l2_normalized": true, "final_norm": "norm"},
+        "patch_grid": {"shape": ["batch", 384, "grid_h", "grid_w"], "final_norm": "norm",
+                       "dropped_tokens": {"cls": 1, "distillation": 0, "registers": 4}}}}})");
+    write_text(b + "/labels.txt", "");
+    auto f = vitdeploy::read_bundle(b);
+    CHECK(f.num_classes == 0 && f.embed_dim == 384 && f.labels.empty());
+    CHECK(f.outputs.size() == 2 && f.outputs[0].name == "embedding" && f.outputs[1].name == "patch_grid");
+    CHECK(f.outputs[0].readout == "cls" && f.outputs[0].l2_normalized && f.outputs[0].shape.size() == 2 && f.outputs[0].shape[1] == "384");
+    CHECK(f.outputs[1].dropped_prefix_tokens == 5 && f.outputs[1].shape[2] == "grid_h");
+    CHECK(f.has_output("patch_grid") && !f.has_output("probs"));
+    CHECK(f.output_elements("embedding", 56, 56) == 384);
+    CHECK(f.output_elements("patch_grid", 56, 84) == 384u * 4 * 6);  // G_h x G_w follows the input size
+    CHECK(throws_with([&] { f.output_elements("probs", 56, 56); }, "no probs output"));
+    CHECK(throws_with([&] { f.output_elements("patch_grid", 50, 56); }, "multiple of the patch size"));
+
+    // A manifest from before outputs were selectable: logits and probs, K floats per image.
+    write_text(b + "/manifest.json", manifest(R"({"input_size": [16, 16]})", R"({"mode": "static", "height": 16, "width": 16})"));
+    write_text(b + "/labels.txt", "cat\ndog\nfox\n");
+    auto old = vitdeploy::read_bundle(b);
+    CHECK(old.outputs.size() == 2 && old.has_output("logits") && old.has_output("probs"));
+    CHECK(old.output_elements("probs", 16, 16) == 3);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -243,6 +274,7 @@ int main(int argc, char** argv) {
     test_orientation();
     test_decode_and_resize(dir);
     test_bundle(dir);
+    test_outputs(dir);
     std::cout << checks - failures << "/" << checks << " checks passed\n";
     return failures ? 1 : 0;
 }

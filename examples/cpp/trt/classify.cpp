@@ -160,17 +160,19 @@ int run(const Args& args) {
     const size_t image_bytes = static_cast<size_t>(h) * w * 3;
     DeviceBuffer d_input(image_bytes * max_batch);
 
-    // Output buffers at the largest batch; names from the engine itself.
+    // Output buffers at the largest batch; names from the engine itself, sizes from the manifest
+    // (logits/probs K, embedding d, patch_grid d * G_h * G_w at this input size).
     const int classes = bundle.num_classes;
     std::map<std::string, std::unique_ptr<DeviceBuffer>> outputs;
     for (int i = 0; i < engine->getNbIOTensors(); ++i) {
         const char* name = engine->getIOTensorName(i);
         if (engine->getTensorIOMode(name) != nvinfer1::TensorIOMode::kOUTPUT) continue;
         if (engine->getTensorDataType(name) != nvinfer1::DataType::kFLOAT) throw std::runtime_error(std::string("output ") + name + " is not float32");
-        outputs[name] = std::make_unique<DeviceBuffer>(sizeof(float) * classes * max_batch);
+        outputs[name] = std::make_unique<DeviceBuffer>(sizeof(float) * bundle.output_elements(name, h, w) * max_batch);
     }
     const std::string answer = outputs.count("probs") ? "probs" : "logits";
-    if (!outputs.count(answer)) throw std::runtime_error("the engine has neither a probs nor a logits output");
+    if (!outputs.count(answer))
+        throw std::runtime_error("the engine has no probs or logits output (a backbone bundle: embedding/patch_grid); classify needs class scores");
 
     std::vector<std::uint8_t> host_in(image_bytes * max_batch);
     std::vector<float> host_out(static_cast<size_t>(classes) * max_batch);

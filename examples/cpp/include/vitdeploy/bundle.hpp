@@ -49,12 +49,27 @@ struct EngineInfo {
     std::vector<Profile> profiles;
 };
 
+// One output of the graph (manifest graph.outputs + graph.output_details): logits [B, K], probs [B, K],
+// embedding [B, d] (pooled pre-head feature) or patch_grid [B, d, G_h, G_w] (final patch tokens,
+// row-major grid: token n = r*G_w + s at [:, :, r, s]; prefix and register tokens dropped).
+struct OutputInfo {
+    std::string name;
+    std::vector<std::string> shape;  // as the manifest writes it: "batch", "64", "grid_h", ...
+    std::string meaning;
+    std::string readout;             // embedding: "cls" | "gap" | "cls+dist"
+    bool l2_normalized = false;      // embedding: L2-normalised inside the graph
+    std::string final_norm;          // "norm", "fc_norm", "layernorm" or "" (none)
+    int dropped_prefix_tokens = 0;   // patch_grid: CLS + distillation + register tokens left out
+};
+
 struct Bundle {
     std::string root;
     std::string name;
     Preprocessing preprocessing;
     std::vector<std::string> labels;
-    int num_classes = 0;
+    int num_classes = 0;   // 0: a backbone without a classification head
+    int embed_dim = 0;     // d
+    std::vector<OutputInfo> outputs;  // in graph order; {logits, probs} for bundles older than the field
     std::array<int, 2> patch_size{0, 0};
     bool dynamic_resolution = false;
     int default_h = 0, default_w = 0;  // manifest resolution height/width
@@ -65,6 +80,11 @@ struct Bundle {
     // inside, else `requested` (or the manifest's default) checked against the patch size.
     // Mirrors vitdeploy.images.model_input_size. Pass {0, 0} for "no request".
     std::pair<int, int> input_size(std::pair<int, int> requested = {0, 0}) const;
+
+    bool has_output(const std::string& name) const;
+    // Floats one image contributes to output `name` at input h x w (K, d, or d * G_h * G_w): the
+    // size of a host/device buffer per batch row. Throws for an output the graph does not have.
+    size_t output_elements(const std::string& name, int h, int w) const;
 };
 
 // Throws std::runtime_error with one line naming the file and what to do.

@@ -1,0 +1,183 @@
+"""`vitdeploy export --variable-size --canvas HxW`: the two-input bundle, verified by invariance.
+
+The acceptance of a variable-size graph is not "ORT equals PyTorch on one size" but the invariance
+Algorithm 39.1 promises: each row of a batch of images of different sizes, padded into one canvas,
+gives the logits that the same image gives alone through the model at its own size (the position
+table resampled offline to its grid, by the same declared rule). The export check runs exactly that
+on seeded images of mixed sizes and refuses to write a bundle that fails it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import vitdeploy
+from vitdeploy.bundle import ARTIFACT_FILES, FORMAT, MANIFEST, Bundle, read_labels, write_labels
+from vitdeploy.errors import CheckFailed, UserError
+from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, sha256_file, staged_directory
+from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas
+
+from .onnx_export import strip_trace_metadata
+from .sources import LoadedModel, load_source
+from .variable_size import MASK_BIAS, RULE, VariableSizeGraph, export_variable_graph
+
+LIMIT_MAX_ABS = 1e-4
+
+
+def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Callable[[str], None]) -> Bundle:
+    """Export ``source`` with a (images, valid_hw) input at ``opts.canvas``; see the module doc."""
+    from .api import RANDOM_INIT_SEED, _preprocessing_contract, _write_graph, torch_module_names
+    from .onnx_export import module_output_map
+
+    _validate(opts)
+    out_dir = Path(out_dir)
+    ensure_writable_dir(out_dir.parent)
+    labels = read_labels(opts.labels_file) if opts.labels_file else None
+    torch.manual_seed(RANDOM_INIT_SEED)
+    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs)
+    if loaded.source.get("random_init"):
+        loaded.source["random_init_seed"] = RANDOM_INIT_SEED
+    canvas = tuple(int(v) for v in opts.canvas)
+    spec = loaded.spec
+    canvas_grid = spec.grid(*canvas)  # one line naming valid sizes when the patch does not tile the canvas
+    interp = opts.interpolation
+    resolution = {
+        "mode": "variable", "height": canvas[0], "width": canvas[1], "native": list(spec.image_size),
+        "pos_embed_interpolation": {**interp.to_dict(), "description": interp.describe()},
+    }
+    preprocessing = _preprocessing_contract(loaded, opts, resolution)
+    preprocessing["input_size"] = list(canvas)
+    preprocessing["variable_size"] = {
+        "canvas": list(canvas), "canvas_grid": list(canvas_grid), "valid_input": VALID_INPUT, "round_to": list(spec.patch_size),
+        "placement": "top-left", "host_policy": opts.variable_policy, "rule": RULE, "mask_bias": MASK_BIAS,
+    }
+    log(f"source {loaded.source['kind']}:{loaded.source['name']} - {spec.depth} blocks, d={spec.embed_dim}, "
+        f"patch {spec.patch_size[0]}x{spec.patch_size[1]}; variable size in a {canvas[0]}x{canvas[1]} canvas "
+        f"(grid {canvas_grid[0]}x{canvas_grid[1]})")
+    module = VariableSizeGraph(loaded, preprocessing, canvas, interp).eval()
+    model_proto, seconds = export_variable_graph(module, canvas, opts.opset)
+    log(f"exported with torch.onnx (dynamo, opset {opts.opset}) in {seconds:.1f} s: {len(model_proto.graph.node)} nodes")
+    strip_trace_metadata(model_proto)
+    tensors = {out for node in model_proto.graph.node for out in node.output}
+    modules = {m: t for m, t in module_output_map(model_proto, [f"model.{m}" for m in torch_module_names(loaded)]).items() if t in tensors}
+    manifest = {
+        "format": FORMAT,
+        "vitdeploy_version": vitdeploy.__version__,
+        "name": out_dir.name,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": loaded.source,
+        "spec": spec.to_dict(),
+        "preprocessing": preprocessing,
+        "labels": loaded.labels,
+        "resolution": resolution,
+        "graph": {
+            "precision": "fp32",
+            "opset": opts.opset,
+            "exporter": "torch.onnx.export(dynamo=True)",
+            "torch_version": torch.__version__,
+            "input": {"name": "images", "dtype": "uint8", "layout": "NHWC"},
+            "inputs": [
+                {"name": "images", "dtype": "uint8", "layout": "NHWC", "shape": ["batch", canvas[0], canvas[1], 3]},
+                {"name": VALID_INPUT, "dtype": "int32", "layout": "[batch, 2] = (valid height, valid width) in pixels",
+                 "shape": ["batch", 2]},
+            ],
+            "outputs": ["logits", "probs"],
+            "module_outputs": {m.removeprefix("model."): t for m, t in modules.items()},
+            "patch_embed": None,
+            "simplify_simplifier": None,
+            "simplify_reason": "not applied to two-input graphs",
+        },
+    }
+    manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"]}}
+    with staged_directory(out_dir) as stage:
+        path = stage / ARTIFACT_FILES["fp32"]
+        _write_graph(path, model_proto, manifest)
+        write_labels(stage / "labels.txt", loaded.labels)
+        manifest["artifacts"] = {"fp32": {"file": ARTIFACT_FILES["fp32"], "sha256": sha256_file(path), "bytes": path.stat().st_size}}
+        atomic_write_json(stage / MANIFEST, manifest)
+        if opts.check:
+            record = verify_invariance(Bundle(stage, manifest), loaded, log)
+            manifest["records"]["export_check"] = record
+            atomic_write_json(stage / MANIFEST, manifest)
+            if not record["passed"]:
+                raise CheckFailed(f"variable-size graph breaks the invariance: {'; '.join(record['failures'])} (bundle not written)")
+    return Bundle.open(out_dir)
+
+
+def _validate(opts: Any) -> None:
+    if not opts.canvas:
+        raise UserError("--variable-size needs --canvas HxW: the largest image size the graph serves")
+    clashes = [flag for flag, on in (("--resolution", opts.resolution), ("--dynamic-resolution", opts.dynamic_resolution),
+                                     ("--resize", opts.resize), ("--input float-nchw", opts.input_format == "float-nchw"))
+               if on]
+    if clashes:
+        raise UserError(f"--variable-size excludes {', '.join(clashes)}: the canvas and valid_hw replace them")
+    if "fp16" in opts.precisions:
+        raise UserError("--variable-size writes the fp32 graph; mixed precision for two-input graphs is not supported yet")
+
+
+def mixed_sizes(canvas: tuple[int, int], patch: tuple[int, int], native: tuple[int, int], count: int) -> list[tuple[int, int]]:
+    """Seeded whole-patch sizes spanning the canvas: the canvas itself, the native size where it fits,
+    the smallest (one patch), portrait and landscape extremes, then random sizes."""
+    grid_h, grid_w = canvas[0] // patch[0], canvas[1] // patch[1]
+    fixed = [(grid_h, grid_w), (1, 1), (grid_h, max(1, grid_w // 3)), (max(1, grid_h // 3), grid_w)]
+    if native[0] <= canvas[0] and native[1] <= canvas[1]:
+        fixed.append((native[0] // patch[0], native[1] // patch[1]))
+    rng = np.random.default_rng(0)
+    while len(fixed) < count:
+        fixed.append((int(rng.integers(1, grid_h + 1)), int(rng.integers(1, grid_w + 1))))
+    return [(gh * patch[0], gw * patch[1]) for gh, gw in fixed[:count]]
+
+
+def padded_batch(crops: list[np.ndarray], canvas: tuple[int, int], seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Crops placed top-left in canvases whose padding holds noise (the graph must ignore it)."""
+    rng = np.random.default_rng(seed)
+    batch = rng.integers(0, 256, (len(crops), canvas[0], canvas[1], 3), dtype=np.uint8)
+    valid = np.zeros((len(crops), 2), dtype=np.int32)
+    for i, crop in enumerate(crops):
+        h, w = crop.shape[:2]
+        batch[i, :h, :w] = crop
+        valid[i] = (h, w)
+    return batch, valid
+
+
+def verify_invariance(bundle: Bundle, loaded: LoadedModel, log: Callable[[str], None], count: int = 8) -> dict[str, Any]:
+    """ORT on one padded mixed-size batch vs PyTorch on each image alone at its own size."""
+    from vitdeploy.compare import compare_outputs
+    from vitdeploy.runtime.ort import OrtRunner
+
+    from .regrid import regrid_static
+    from .torch_runner import TorchRunner
+
+    spec = loaded.spec
+    canvas = (bundle.resolution["height"], bundle.resolution["width"])
+    interp = bundle.manifest["resolution"]["pos_embed_interpolation"]
+    from vitdeploy.posembed import PosEmbedInterpolation
+
+    rule = PosEmbedInterpolation.from_dict({k: v for k, v in interp.items() if k != "description"})
+    sizes = mixed_sizes(canvas, tuple(spec.patch_size), tuple(spec.image_size), count)
+    check_sizes_for_canvas(np.array(sizes), canvas, tuple(spec.patch_size))
+    rng = np.random.default_rng(0)
+    crops = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+    batch, valid = padded_batch(crops, canvas)
+    runner = OrtRunner(bundle.artifact_path("fp32"))
+    got = runner.session.run(None, {"images": batch, VALID_INPUT: valid})[0]
+    ref = np.concatenate([
+        TorchRunner(regrid_static(loaded, h, w, rule), bundle.preprocessing).infer(crop[None])["logits"]
+        for (h, w), crop in zip(sizes, crops)
+    ])
+    stats = compare_outputs("logits", ref, got)
+    finite = bool(np.isfinite(got).all())
+    ok = stats.max_abs <= LIMIT_MAX_ABS and stats.top1_agreement == 1.0 and finite
+    log(f"check invariance: {len(sizes)} sizes from {min(sizes)} to {max(sizes)} in one {canvas[0]}x{canvas[1]} batch vs each "
+        f"alone at its own size: max |dlogit| {stats.max_abs:.2e} -> {'ok' if ok else 'FAIL'}")
+    failures = [] if ok else [f"max |dlogit| {stats.max_abs:.2e} (limit {LIMIT_MAX_ABS:g}), top-1 agreement "
+                              f"{stats.top1_agreement:.0%}{'' if finite else ', non-finite outputs'}"]
+    return {"passed": ok, "failures": failures, "kind": "variable-size invariance", "canvas": list(canvas),
+            "sizes": [list(s) for s in sizes], "limit_max_abs": LIMIT_MAX_ABS, **stats.to_dict(),
+            "graph_sha256": bundle.artifact_record("fp32").get("sha256")}

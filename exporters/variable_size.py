@@ -1,0 +1,212 @@
+"""Variable-size input: one graph for a batch of images of different sizes (Algorithm 39.1, steps 1-3).
+
+The graph takes ``images`` uint8 [B, H_c, W_c, 3] (each image top-left in a fixed canvas) and
+``valid_hw`` int32 [B, 2] (each image's valid height and width in pixels). The declared rule:
+
+- valid sizes are whole patches: the graph floors ``valid_hw / P`` to a patch grid (g_h, g_w) and
+  clamps it to [1, canvas grid], so no input can make an empty grid (the runtime refuses sizes that
+  are not whole patches before the call, see :mod:`vitdeploy.variable`);
+- pixels outside the valid rectangle carry the normalised zero (an attention mask removes whole
+  positions only, it cannot remove invalid pixels inside a patch: with whole-patch sizes there are none);
+- each image gets the position table of its OWN grid, resampled with the bundle's declared rule
+  (:func:`vitdeploy.posembed.resample_pos_grid_per_sample`: one GridSample with per-sample
+  coordinates) and laid into the canvas grid, so a padded image computes what the same image computes
+  alone at its own size;
+- padded positions are masked as keys with a finite additive bias (MASK_BIAS, kept in fp32) while the
+  prefix tokens (CLS, registers, distillation) are always valid: no softmax row is ever all-masked,
+  so no input can produce NaN;
+- GAP models read out by the mean over valid patch tokens only; CLS models read the CLS row.
+
+Supported: the reference ViT (builtin, ref:) and timm VisionTransformer models whose blocks take an
+``attn_mask`` (timm >= 1.0.20) with a CLS or GAP read-out. Hugging Face ViTs have no key-mask path
+through their encoder here: they get a one-line refusal.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from vitdeploy.errors import UserError
+from vitdeploy.posembed import PosEmbedInterpolation, resample_pos_grid_per_sample
+
+from .graph import DeployGraph
+from .sources import LoadedModel
+
+VALID_INPUT = "valid_hw"
+# Additive key bias for padded positions: exp(-30000 + s) is exactly 0 in fp32 for any realistic
+# attention score s, and the value is finite in fp16 too (max 65504), so casting it cannot make inf - inf.
+MASK_BIAS = -30000.0
+RULE = (
+    "valid sizes floored to whole patches and clamped to [1 patch, canvas]; padding pixels carry the normalised zero; "
+    "each image's position grid resampled to its own patch grid and laid top-left in the canvas grid; padded keys "
+    f"masked by an additive {MASK_BIAS:g} bias in fp32; prefix tokens always valid; GAP = mean over valid patches"
+)
+
+
+class _ReferenceParts:
+    """The reference ViT (vitdeploy.model) split into the steps the masked forward needs."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.table = model.pos_embed
+        self.prefix_rows = model.spec.pos_embed_prefix_rows
+
+    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.patch_embed(x)[0]
+
+    def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
+        return self.model._prefix_tokens(batch)
+
+    def encode(self, z: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        for block in self.model.blocks:
+            z = block(z, key_bias)
+        return self.model.norm(z)
+
+    def head(self, features: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_head(features, valid)  # masked mean for GAP; CLS row otherwise
+
+
+class _TimmParts:
+    """A timm VisionTransformer (incl. DeiT-distilled, registers, GAP) split into the same steps."""
+
+    def __init__(self, model: Any):
+        if getattr(model, "attn_pool", None) is not None:
+            raise UserError("--variable-size supports CLS and GAP read-outs; this timm model pools by attention (global_pool='map')")
+        if model.global_pool not in ("token", "avg"):
+            raise UserError(f"--variable-size supports global_pool 'token' or 'avg', this model uses {model.global_pool!r}")
+        if getattr(model, "pos_embed", None) is None:
+            raise UserError("--variable-size needs a learned absolute position table; this timm model has none")
+        block_forward = inspect.signature(type(model.blocks[0]).forward).parameters
+        if "attn_mask" not in block_forward:
+            import timm
+
+            raise UserError(f"timm {timm.__version__} blocks take no attention mask; --variable-size needs timm >= 1.0.20")
+        self.model = model
+        self.table = model.pos_embed
+        self.prefix_rows = 0 if model.no_embed_class else model.num_prefix_tokens
+
+    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        pe = self.model.patch_embed
+        tokens = pe.proj(x).flatten(2).transpose(1, 2)  # [B, N, d], n = r*G_w + s (timm's NLC order)
+        return pe.norm(tokens)
+
+    def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
+        m = self.model
+        tokens = [t for t in (m.cls_token, getattr(m, "dist_token", None), m.reg_token) if t is not None]
+        return [t.expand(batch, -1, -1) for t in tokens]
+
+    def encode(self, z: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        z = m.norm_pre(m.patch_drop(m.pos_drop(z)))
+        bias = key_bias[:, None, None, :]  # [B, 1, 1, L], broadcast over heads and queries
+        for block in m.blocks:
+            z = block(z, attn_mask=bias)
+        return m.norm(z)
+
+    def head(self, features: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        if m.global_pool == "token":
+            return m.forward_head(features)  # reads the prefix rows only (DeiT-distilled averages its two)
+        patches = features[:, m.num_prefix_tokens:]
+        weights = valid.to(patches.dtype).unsqueeze(-1)
+        pooled = (patches * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        return m.head(m.head_drop(m.fc_norm(pooled)))
+
+
+def model_parts(loaded: LoadedModel) -> Any:
+    if loaded.family == "reference":
+        return _ReferenceParts(loaded.model)
+    if loaded.family == "timm":
+        return _TimmParts(loaded.model)
+    raise UserError(
+        f"--variable-size supports the reference ViT and timm ViTs; {loaded.family} models: export per size "
+        "(--resolution) or with --dynamic-resolution"
+    )
+
+
+class VariableSizeGraph(torch.nn.Module):
+    """(images uint8 [B, H_c, W_c, 3], valid_hw int32 [B, 2]) -> (logits, probs); see the module doc."""
+
+    def __init__(self, loaded: LoadedModel, preprocessing: dict[str, Any], canvas: tuple[int, int],
+                 interpolation: PosEmbedInterpolation):
+        super().__init__()
+        spec = loaded.spec
+        self.canvas_grid = spec.grid(*canvas)  # refuses a canvas the patch does not tile
+        self.patch = tuple(spec.patch_size)
+        self.native_grid = spec.native_grid
+        self.interpolation = interpolation
+        self.parts = model_parts(loaded)
+        self.pre = DeployGraph(torch.nn.Identity(), preprocessing)  # the same baked preprocessing as every bundle
+        self.model = loaded.model  # registered, so .eval() and the exporter see the weights
+
+    def grids(self, valid_hw: torch.Tensor) -> torch.Tensor:
+        """valid_hw [B, 2] pixels -> patch grid [B, 2], floored and clamped to [1, canvas grid]."""
+        patch = torch.tensor(self.patch, dtype=torch.int64, device=valid_hw.device)
+        upper = torch.tensor(self.canvas_grid, dtype=torch.int64, device=valid_hw.device)
+        grid = torch.div(valid_hw.to(torch.int64), patch, rounding_mode="floor")
+        return torch.minimum(grid.clamp(min=1), upper)
+
+    def forward(self, images: torch.Tensor, valid_hw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        grid = self.grids(valid_hw)
+        x = self.pre.preprocess(images)  # [B, 3, H_c, W_c], normalised
+        canvas_h, canvas_w = self.canvas_grid
+        p_h, p_w = self.patch
+        rows = torch.arange(canvas_h * p_h, device=x.device).view(1, -1, 1)
+        cols = torch.arange(canvas_w * p_w, device=x.device).view(1, 1, -1)
+        valid_pixels = (rows < (grid[:, 0] * p_h).view(-1, 1, 1)) & (cols < (grid[:, 1] * p_w).view(-1, 1, 1))
+        x = x * valid_pixels.unsqueeze(1).to(x.dtype)  # padding = the normalised zero
+
+        tokens = self.parts.patch_tokens(x)  # [B, N_c, d]
+        batch = tokens.shape[0]
+        pos = resample_pos_grid_per_sample(self.parts.table, self.native_grid, self.parts.prefix_rows, grid,
+                                           self.canvas_grid, self.interpolation)
+        cell_r = torch.arange(canvas_h, device=x.device).view(1, canvas_h, 1)
+        cell_s = torch.arange(canvas_w, device=x.device).view(1, 1, canvas_w)
+        valid = ((cell_r < grid[:, 0].view(-1, 1, 1)) & (cell_s < grid[:, 1].view(-1, 1, 1))).flatten(1)  # [B, N_c]
+        z = tokens + pos
+        prefix = self.parts.prefix_tokens(batch)
+        if prefix:
+            prefix = torch.cat(prefix, dim=1)
+            if self.parts.prefix_rows:  # the table's first rows belong to the prefix tokens (not no_embed_class)
+                prefix = prefix + self.parts.table[:, :self.parts.prefix_rows]
+            z = torch.cat([prefix, z], dim=1)
+        num_prefix = z.shape[1] - tokens.shape[1]
+        key_bias = torch.where(valid, torch.zeros((), dtype=torch.float32), torch.full((), MASK_BIAS, dtype=torch.float32))
+        key_bias = torch.cat([torch.zeros(batch, num_prefix, dtype=torch.float32, device=x.device), key_bias], dim=1)
+        features = self.parts.encode(z, key_bias)
+        logits = self.parts.head(features, valid)
+        return logits, torch.softmax(logits, dim=-1)
+
+
+def export_variable_graph(module: VariableSizeGraph, canvas: tuple[int, int], opset: int) -> tuple[Any, float]:
+    """torch.onnx (dynamo) export with two inputs and a dynamic batch; returns (ModelProto, seconds)."""
+    import contextlib
+    import io
+    import time
+    import warnings
+
+    from torch.export import Dim
+
+    from .onnx_export import INPUT_NAME
+
+    height, width = canvas
+    example = (torch.randint(0, 256, (3, height, width, 3), dtype=torch.uint8),
+               torch.tensor([[height, width], [height // 2, width], [height, width // 2]], dtype=torch.int32))
+    batch = Dim("batch", min=1)
+    start = time.perf_counter()
+    with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module, example, dynamo=True, opset_version=opset,
+            input_names=[INPUT_NAME, VALID_INPUT], output_names=["logits", "probs"],
+            dynamic_shapes={"images": {0: batch}, "valid_hw": {0: batch}}, external_data=False,
+        )
+    model = program.model_proto
+    for value in list(model.graph.input) + list(model.graph.output):
+        dim = value.type.tensor_type.shape.dim
+        if dim and not dim[0].dim_value:
+            dim[0].dim_param = "batch"
+    return model, time.perf_counter() - start

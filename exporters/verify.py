@@ -1,0 +1,250 @@
+"""Export verification: ONNX Runtime against PyTorch on seeded uint8 images, sized by cost.
+
+Every size the graph declares is checked (one size for a static graph; native, four patches smaller
+and larger, and a non-square size for a dynamic one; see ``vitdeploy.checks.inputs``), on every output
+both runners return, each against its own limit.
+
+How many images, and in what batches
+------------------------------------
+A fixed 64 images per size costs 64 x 4 forward passes on each runtime, which for a DINOv2 at 518-574
+pixels on a laptop CPU is minutes and gigabytes. So the plan comes from the cost model
+(``vitdeploy.costs``), not from a constant:
+
+* images per size: the requested count (``--check-images``, default 64), the same at every size,
+  cut so that the whole verification stays within a compute budget of ``budget_gmacs``
+  multiply-adds per runtime (400 GMAC: a few seconds of ORT and PyTorch on a quiet 2-core AVX-512
+  VM), but never below ``MIN_IMAGES`` (2). The plan depends only on the model and
+  the sizes, never on the machine's speed or load, so the record is reproducible: small models
+  (the digits bundle, ViT-Tiny) keep all 64 images; a DINOv2-S at 518 gets 2 per size.
+* batch: as many images as the memory budget holds by the cost model's estimate of one forward pass
+  (``vitdeploy.costs.memory_estimate``: attention scores, MLP, residual stream, input), at most 16.
+* each size runs in these bounded batches on PyTorch and then ONNX Runtime (whose CPU memory arena
+  is off here, so what a size allocated goes back before the next), its outputs are compared, and
+  everything it held is freed before the next size.
+
+What the gates need
+-------------------
+* max |d| per output (fp32 parity, limit 1e-4; 1e-3 through an in-graph uint8 resize): an export
+  fault (wrong op, table interpolation, preprocessing) moves every image, so one image per size
+  shows it; random uint8 images cover the whole pixel range in one image.
+* the batch axis: a fault that mixes samples (a wrong reshape of the batch dimension) needs at least
+  two images in one call: hence ``MIN_IMAGES`` = 2, run as one batch.
+* top-1 agreement on ``logits`` (must be 100%): catches an argmax flip; on random weights and random
+  images it is nearly free of meaning (every image gets the same class), which is why the minimum is
+  not raised for it. Accuracy on real labelled data is `vitdeploy check`'s job, not export's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from vitdeploy.bundle import Bundle
+from vitdeploy.costs import memory_estimate, vit_costs
+from vitdeploy.preprocess import random_images
+from vitdeploy.spec import ViTSpec
+
+from .sources import LoadedModel
+
+MIN_IMAGES = 2  # per size: two images in one call exercise the batch axis
+MAX_BATCH = 16
+DEFAULT_BUDGET_GMACS = 400.0  # per runtime, whole verification: ~10 s of PyTorch on a 2-core VM (ViT-S rates)
+DEFAULT_MEMORY_BUDGET_MB = 512.0  # activations of one batch, by the cost model's estimate
+FP32_LIMIT = 1e-4
+RESIZE_LIMIT = 1e-3  # in-graph uint8 resize: ORT's and torch's bilinear differ in rounding
+CLASS_OUTPUTS = ("logits",)  # outputs whose top-1 class must agree
+
+
+@dataclass
+class SizePlan:
+    height: int
+    width: int
+    images: int
+    batch: int
+    gmacs_per_image: float
+    activation_mb_per_image: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_verification(spec: ViTSpec, sizes: list[tuple[int, int]], requested: int, budget_gmacs: float = DEFAULT_BUDGET_GMACS,
+                      memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB, model_size: tuple[int, int] | None = None) -> list[SizePlan]:
+    """Images and batch per size from the cost model (see the module docstring).
+
+    ``model_size``: where an in-graph resize runs the model at one size whatever the input.
+    """
+    costs = []
+    for h, w in sizes:
+        mh, mw = model_size or (h, w)
+        costs.append((vit_costs(spec, mh, mw, 1).macs_total / 1e9, memory_estimate(spec, mh, mw, 1).total_bytes / 2**20))
+    per_set = sum(g for g, _ in costs)  # one image at every size
+    fit = int(budget_gmacs // per_set) if per_set > 0 else requested
+    images = max(min(requested, MIN_IMAGES), min(requested, fit))  # the same count at every size
+    plans = []
+    for (h, w), (gmacs, act_mb) in zip(sizes, costs):
+        batch = max(1, min(MAX_BATCH, images, int(memory_budget_mb // act_mb) if act_mb > 0 else MAX_BATCH))
+        if images >= MIN_IMAGES:
+            batch = max(batch, MIN_IMAGES)  # the batch axis is exercised at every size
+        plans.append(SizePlan(h, w, images, batch, round(gmacs, 3), round(act_mb, 1)))
+    return plans
+
+
+def output_limit(name: str, resize: bool) -> float:
+    """max |d| allowed per output. Every fp32 output (logits, probs, embedding, patch grid, ...)
+    equals PyTorch to 1e-4; an in-graph uint8 resize rounds differently, 1e-3."""
+    return RESIZE_LIMIT if resize else FP32_LIMIT
+
+
+def verification_sizes_for(bundle: Bundle) -> list[tuple[int, int]]:
+    """The input sizes `check` also uses (vitdeploy.checks.inputs.random_sets): camera frames of
+    another size for an in-graph resize, else the graph's declared sizes."""
+    from vitdeploy.checks.inputs import verification_sizes
+
+    pre = bundle.preprocessing
+    if pre.get("in_graph_resize"):
+        to = pre["in_graph_resize"]["to"]
+        return [(to[0] * 3 // 2, to[1] * 5 // 4)]
+    return verification_sizes(bundle)
+
+
+def verify_export(bundle: Bundle, variant: LoadedModel, count: int, log: Callable[[str], None],
+                  budget_gmacs: float = DEFAULT_BUDGET_GMACS, memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB) -> dict[str, Any]:
+    """ORT vs PyTorch on seeded uint8 images at every size the graph declares, on every output."""
+    from vitdeploy.runtime.ort import OrtRunner
+
+    from .torch_runner import TorchRunner
+
+    started = time.perf_counter()
+    pre = bundle.preprocessing
+    resize = tuple(pre["in_graph_resize"]["to"]) if pre.get("in_graph_resize") else None
+    sizes = verification_sizes_for(bundle)
+    plans = plan_verification(bundle.spec, sizes, count, budget_gmacs, memory_budget_mb, resize)
+    log("verification plan (cost model; budget {:g} GMAC per runtime, {:g} MiB per batch): {}".format(
+        budget_gmacs, memory_budget_mb, ", ".join(f"{p.height}x{p.width} {p.images} img in batches of {p.batch}" for p in plans)))
+
+    t0 = time.perf_counter()
+    # No CPU memory arena: the arena keeps the high-water mark of the largest size for the session's
+    # life; without it each batch's activations go back to the allocator before the next size. No
+    # spinning: ORT's idle threads would otherwise take the cores PyTorch runs on next.
+    ort_runner = OrtRunner(bundle.artifact_path("fp32"), memory_arena=False, spin=False)
+    torch_runner = TorchRunner(variant, pre, resize_to=resize)
+    load_s = time.perf_counter() - t0
+    names, missing = _output_names(torch_runner, ort_runner)
+
+    results, failures = [], []
+    if missing:
+        failures.extend(missing)
+    for index, plan in enumerate(plans):
+        row = _verify_size(index, plan, pre, torch_runner, ort_runner, names, resize is not None)
+        results.append(row)
+        worst = ", ".join(f"{n} {o['max_abs']:.1e}" for n, o in row["outputs"].items())
+        log(f"check {plan.height}x{plan.width}: {plan.images} images (batch {plan.batch}), PyTorch {row['torch_s']:.1f} s, "
+            f"ORT {row['ort_s']:.1f} s; max |d| {worst} -> {'ok' if row['passed'] else 'FAIL'}")
+        failures.extend(f"{plan.height}x{plan.width}: {f}" for f in row.pop("_failures"))
+        _release()
+    ort_runner.close()
+    del ort_runner, torch_runner
+    _release()
+    seconds = time.perf_counter() - started
+    log(f"verification: {sum(p.images for p in plans)} images over {len(plans)} size(s) in {seconds:.1f} s (runners loaded in {load_s:.1f} s)")
+    return {
+        "passed": not failures,
+        "failures": failures,
+        "outputs": names,
+        "sizes": results,
+        "plan": {"requested_images": count, "min_images": MIN_IMAGES, "budget_gmacs_per_runtime": budget_gmacs,
+                 "memory_budget_mb": memory_budget_mb, "sizes": [p.to_dict() for p in plans]},
+        "seconds": round(seconds, 2),
+        "load_s": round(load_s, 2),
+        "graph_sha256": bundle.artifact_record("fp32").get("sha256"),
+    }
+
+
+def _output_names(torch_runner: Any, ort_runner: Any) -> tuple[list[str], list[str]]:
+    """Outputs both runners return; one only the graph (or only PyTorch) has cannot be verified."""
+    ref, got = list(torch_runner.outputs()), list(ort_runner.outputs())
+    names = [n for n in got if n in ref]
+    missing = [f"graph output {n!r} has no PyTorch reference to compare with" for n in got if n not in ref]
+    missing += [f"PyTorch output {n!r} is missing from the graph" for n in ref if n not in got]
+    return names, missing
+
+
+def _verify_size(index: int, plan: SizePlan, pre: dict[str, Any], torch_runner: Any, ort_runner: Any, names: list[str],
+                 resize: bool) -> dict[str, Any]:
+    # The same seeded images as before sizing existed: seed 0 + size index, the first `images` of them.
+    images = random_images(plan.images, plan.height, plan.width, seed=index)
+    if pre.get("input") == "float-nchw":
+        images = np.random.default_rng(index).standard_normal((plan.images, 3, plan.height, plan.width)).astype(np.float32)
+    ref: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    got: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    torch_s = ort_s = 0.0
+    for start in range(0, plan.images, plan.batch):
+        chunk = images[start:start + plan.batch]
+        t = time.perf_counter()
+        out = torch_runner.infer(chunk)
+        torch_s += time.perf_counter() - t
+        for n in names:
+            ref[n].append(np.asarray(out[n]))
+        t = time.perf_counter()
+        out = ort_runner.infer(chunk)
+        ort_s += time.perf_counter() - t
+        for n in names:
+            got[n].append(np.asarray(out[n]))
+        del out
+    del images
+    outputs, failures = {}, []
+    for n in names:
+        entry = _compare(n, ref.pop(n), got.pop(n), output_limit(n, resize))
+        outputs[n] = entry
+        if not entry["passed"]:
+            failures.append(entry["failure"])
+    primary = outputs.get("logits") or (next(iter(outputs.values())) if outputs else {})
+    row = {"height": plan.height, "width": plan.width, "images": plan.images, "batch": plan.batch, "seed": index,
+           "torch_s": round(torch_s, 3), "ort_s": round(ort_s, 3),
+           # the primary output's numbers at the top level, as before outputs were listed
+           "limit_max_abs": primary.get("limit_max_abs"),
+           **{k: v for k, v in primary.items() if k not in ("passed", "failure", "limit_max_abs", "name")},
+           "outputs": outputs, "passed": not failures, "_failures": failures}
+    return row
+
+
+def _compare(name: str, ref_parts: list[np.ndarray], got_parts: list[np.ndarray], limit: float) -> dict[str, Any]:
+    from vitdeploy.compare import compare_outputs
+
+    batched = all(r.ndim >= 1 and g.ndim >= 1 and len(r) == len(g) for r, g in zip(ref_parts, got_parts))
+    ref = np.concatenate(ref_parts) if batched else np.stack(ref_parts)
+    got = np.concatenate(got_parts) if batched else np.stack(got_parts)
+    if ref.shape != got.shape:
+        return {"name": name, "passed": False, "limit_max_abs": limit,
+                "failure": f"output {name}: shape {list(got.shape)} from ONNX Runtime, {list(ref.shape)} from PyTorch"}
+    if not np.issubdtype(ref.dtype, np.floating):
+        equal = bool(np.array_equal(ref, got))
+        return {"name": name, "exact": True, "max_abs": float(np.abs(ref.astype(np.int64) - got.astype(np.int64)).max()) if ref.size else 0.0,
+                "limit_max_abs": 0.0, "passed": equal, "failure": None if equal else f"output {name}: integer values differ"}
+    flat = (ref.reshape(len(ref), -1), got.reshape(len(got), -1)) if ref.ndim > 2 else (ref, got)
+    stats = compare_outputs(name, flat[0], flat[1]).to_dict()
+    if name not in CLASS_OUTPUTS:  # a class ranking means nothing for probabilities' twin or features
+        stats.pop("top1_agreement", None)
+        stats.pop("top5_agreement", None)
+    ok = stats["max_abs"] <= limit and stats.get("top1_agreement", 1.0) == 1.0
+    failure = None
+    if not ok:
+        failure = f"output {name}: max |d| {stats['max_abs']:.2e} (limit {limit:g})"
+        if "top1_agreement" in stats:
+            failure += f", top-1 agreement {stats['top1_agreement']:.1%}"
+    return {**stats, "limit_max_abs": limit, "passed": ok, "failure": failure}
+
+
+def _release() -> None:
+    """Give freed memory back to the OS between sizes (glibc keeps freed heap pages otherwise)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass

@@ -1,0 +1,17 @@
+"""`vitdeploy evaluate`: is the deployed model fit for the conditions it will meet?
+
+    transforms.py  the shift suite: seeded numpy/Pillow perturbations, each with a declared rule
+    score.py       accuracy with 95% Wilson intervals, drop vs clean, agreement, class/size strata
+    runners.py     the graphs (in the execution they target), engines, the PyTorch reference
+    run.py         the evaluation over conditions and resolutions; occlusion-map runs
+    occlusion.py   occlusion sensitivity computed by the deployed graph
+    report.py      evaluate.json / .csv / .png, the terminal summary, the progress bar
+
+numpy, Pillow and the runners' own runtimes only; torch is imported when the reference is rebuilt.
+"""
+
+from __future__ import annotations
+
+from .run import SCHEMA, EvaluateOptions, EvaluateResult, OcclusionOptions, run_evaluate, run_occlusion_map
+
+__all__ = ["SCHEMA", "EvaluateOptions", "EvaluateResult", "OcclusionOptions", "run_evaluate", "run_occlusion_map"]

@@ -1,0 +1,87 @@
+"""``Classifier`` for variable-size bundles: images of any size and aspect ratio in one batch.
+
+Each image is fitted into the canvas by the manifest's policy (vitdeploy.variable: keep the aspect
+ratio, whole patches), padded top-left, and sent with its ``valid_hw``; mixed sizes share one call
+instead of one call per size. Runs on ONNX Runtime: engines for two-input graphs are not built yet,
+and the loader says so rather than falling back silently.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Sequence, Tuple
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..errors import UserError
+from ..images import decode_image, to_channel_order
+from ..variable import VALID_INPUT, check_sizes_for_canvas, fit_image, pad_to_canvas
+from .classifier import DEFAULT_ORT_BATCH, Classifier
+
+
+class VariableSizeClassifier(Classifier):
+    """A variable-size bundle on ONNX Runtime; same public API as :class:`Classifier`."""
+
+    @classmethod
+    def load_variable(cls, bundle: Bundle, prefer: Sequence[str], precision: str, providers: Sequence[str] | None,
+                      threads: int | None, max_batch: int | None, policy: str | None = None) -> "VariableSizeClassifier":
+        from .ort import OrtRunner, default_providers
+
+        if "onnxruntime" not in tuple(prefer):
+            raise UserError("variable-size bundles run on ONNX Runtime (TensorRT engines for two-input graphs are not built yet); "
+                            "allow the onnxruntime backend")
+        if precision not in ("best", "fp32"):
+            raise UserError(f"this variable-size bundle has an fp32 graph only, not {precision}")
+        runner = OrtRunner(bundle.artifact_path("fp32"), precision="fp32", providers=list(providers or default_providers()), threads=threads)
+        names = [i.name for i in runner.session.get_inputs()]
+        if names != ["images", VALID_INPUT]:
+            raise UserError(f"{bundle.root}: a variable-size graph must take (images, {VALID_INPUT}), this one takes {names}")
+        contract = bundle.preprocessing["variable_size"]
+        clf = cls(runner, bundle, backend="onnxruntime", precision="fp32",
+                  backend_reason=f"onnxruntime fp32 on {runner.info.device} (variable-size graph)",
+                  input_size=tuple(contract["canvas"]), max_batch=max_batch or DEFAULT_ORT_BATCH, thread_safe=True)
+        clf.policy = policy or contract.get("host_policy", "fit-within")
+        return clf
+
+    # -- inputs ------------------------------------------------------------------------------
+    def prepare(self, image: Any) -> np.ndarray:
+        """One path or uint8 HWC array -> the image at its whole-patch size within the canvas."""
+        if isinstance(image, (str, os.PathLike)):
+            rgb = fit_image(decode_image(image), self.preprocessing, self.policy)
+            return to_channel_order(rgb, self.preprocessing)
+        if isinstance(image, np.ndarray):
+            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+                raise UserError(f"an image must be uint8 [H, W, 3], got {image.dtype} {list(image.shape)}")
+            return fit_image(image, self.preprocessing, self.policy)
+        raise UserError(f"cannot classify a {type(image).__name__}; give image paths or uint8 arrays")
+
+    def _batches(self, images: Any) -> Iterator[Tuple[np.ndarray, np.ndarray]]:  # type: ignore[override]
+        group: list = []
+        for item in self._items(images):
+            group.append(self.prepare(item))
+            if len(group) == self.max_batch:
+                yield pad_to_canvas(group, self.input_size)
+                group = []
+        if group:
+            yield pad_to_canvas(group, self.input_size)
+
+    def _run(self, batch: Tuple[np.ndarray, np.ndarray]) -> np.ndarray:  # type: ignore[override]
+        return self.run_padded(*batch)
+
+    def run_padded(self, images: np.ndarray, valid_hw: np.ndarray, output: str = "probs") -> np.ndarray:
+        """``output`` (probs or logits) for a batch already padded into the canvas; ``valid_hw`` is checked first."""
+        contract = self.preprocessing["variable_size"]
+        if images.dtype != np.uint8 or images.ndim != 4 or tuple(images.shape[1:]) != (*self.input_size, 3):
+            raise UserError(f"images must be uint8 [B, {self.input_size[0]}, {self.input_size[1]}, 3], got {images.dtype} {list(images.shape)}")
+        check_sizes_for_canvas(valid_hw, contract["canvas"], contract["round_to"])
+        if len(valid_hw) != len(images):
+            raise UserError(f"valid_hw has {len(valid_hw)} rows for {len(images)} images")
+        session = self.runner.session
+        values = session.run([output], {"images": images, VALID_INPUT: np.asarray(valid_hw, dtype=np.int32)})[0]
+        return np.asarray(values, dtype=np.float32)
+
+    def describe(self) -> dict:
+        info = super().describe()
+        info.update(canvas=list(self.input_size), policy=self.policy)
+        return info
