@@ -114,21 +114,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     output_details = describe_outputs(variant, outputs, opts.normalize_embedding, dynamic_grid=opts.dynamic_resolution, grid_of=grid_of)
     _document_outputs(model_proto, output_details)
 
-    manifest = {
-        "format": FORMAT,
-        "vitdeploy_version": vitdeploy.__version__,
-        "name": out_dir.name,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source": loaded.source,
-        "spec": variant.spec.to_dict(),
-        "preprocessing": preprocessing,
-        "labels": loaded.labels,
-        "resolution": resolution,
-        "graph": {
-            "precision": "fp32",
-            "opset": opts.opset,
-            "exporter": "torch.onnx.export(dynamo=True)",
-            "torch_version": torch.__version__,
+    manifest = manifest_head(out_dir, loaded, variant.spec, preprocessing, resolution, opts.opset)
+    manifest["graph"].update({
             "input": {"name": "images", "dtype": "uint8" if opts.input_format == "uint8-nhwc" else "float32",
                       "layout": "NHWC" if opts.input_format == "uint8-nhwc" else "NCHW"},
             "outputs": list(outputs),
@@ -139,8 +126,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
             "module_outputs": {m.removeprefix("model."): t for m, t in modules.items()},
             "patch_embed": patch_embed_tensors(model_proto) if opts.input_format == "uint8-nhwc" else None,
             **{f"simplify_{k}": v for k, v in simplify_record.items()},
-        },
-    }
+    })
     # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights
     # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
     manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"]}}
@@ -207,6 +193,23 @@ def _leaf_outputs(model_proto: Any) -> None:
             node.output[:] = [inner if o == value.name else o for o in node.output]
             node.input[:] = [inner if i == value.name else i for i in node.input]
         graph.node.append(helper.make_node("Identity", [inner], [value.name], name=f"{value.name}_output"))
+
+
+def manifest_head(out_dir: Path, loaded: LoadedModel, spec: Any, preprocessing: dict[str, Any], resolution: dict[str, Any],
+                  opset: int) -> dict[str, Any]:
+    """The manifest every export writes, before its graph-specific entries (inputs, outputs, modules)."""
+    return {
+        "format": FORMAT,
+        "vitdeploy_version": vitdeploy.__version__,
+        "name": out_dir.name,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": loaded.source,
+        "spec": spec.to_dict(),
+        "preprocessing": preprocessing,
+        "labels": loaded.labels,
+        "resolution": resolution,
+        "graph": {"precision": "fp32", "opset": opset, "exporter": "torch.onnx.export(dynamo=True)", "torch_version": torch.__version__},
+    }
 
 
 def _validate_options(opts: ExportOptions) -> None:

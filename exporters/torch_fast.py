@@ -139,17 +139,11 @@ class FastTorchRunner(Runner):
     def from_bundle(cls, bundle: Bundle, device: str = "cpu", dtype: str = "fp32", resolution: tuple[int, int] | None = None,
                     threads: int | None = None, mode: str = "auto", **compile_options: Any) -> "FastTorchRunner":
         """Rebuild the bundle's source model (same weights and resolution handling as its graph)."""
-        from .api import loaded_for_bundle
+        from .torch_runner import bundle_contract
 
         check_mode(mode, device)  # refuse before the model is built
-        loaded = loaded_for_bundle(bundle, resolution)
-        pre = bundle.preprocessing
-        resize = tuple(pre["in_graph_resize"]["to"]) if pre.get("in_graph_resize") else None
-        graph = bundle.manifest.get("graph", {})
-        outputs = tuple(graph.get("outputs") or ()) or None
-        l2 = bool((graph.get("output_details") or {}).get("embedding", {}).get("l2_normalized", False))
-        return cls(loaded, pre, device=device, dtype=dtype, resize_to=resize, threads=threads, mode=mode, outputs=outputs,
-                   normalize_embedding=l2, **compile_options)
+        loaded, contract = bundle_contract(bundle, resolution)
+        return cls(loaded, device=device, dtype=dtype, threads=threads, mode=mode, **contract, **compile_options)
 
     # -- the Runner interface ------------------------------------------------------------------
     def inputs(self) -> list[TensorInfo]:

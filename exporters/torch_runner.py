@@ -56,15 +56,8 @@ class TorchRunner(Runner):
     def from_bundle(cls, bundle: Bundle, device: str = "cpu", dtype: str = "fp32", resolution: tuple[int, int] | None = None,
                     threads: int | None = None) -> "TorchRunner":
         """Rebuild the bundle's source model (same weights, same resolution handling) on PyTorch."""
-        from .api import loaded_for_bundle
-
-        loaded = loaded_for_bundle(bundle, resolution)
-        pre = bundle.preprocessing
-        resize = tuple(pre["in_graph_resize"]["to"]) if pre.get("in_graph_resize") else None
-        graph = bundle.manifest.get("graph", {})
-        outputs = tuple(graph.get("outputs") or ()) or None
-        l2 = bool((graph.get("output_details") or {}).get("embedding", {}).get("l2_normalized", False))
-        return cls(loaded, pre, device=device, dtype=dtype, resize_to=resize, threads=threads, outputs=outputs, normalize_embedding=l2)
+        loaded, contract = bundle_contract(bundle, resolution)
+        return cls(loaded, device=device, dtype=dtype, threads=threads, **contract)
 
     def inputs(self) -> list[TensorInfo]:
         return [TensorInfo("images", "uint8", ("batch", "height", "width", 3))]
@@ -112,3 +105,19 @@ class TorchRunner(Runner):
             for hook in hooks:
                 hook.remove()
         return found
+
+
+def bundle_contract(bundle: Bundle, resolution: tuple[int, int] | None = None) -> tuple[LoadedModel, dict[str, Any]]:
+    """The bundle's PyTorch model and what a runner must reproduce of its graph: preprocessing,
+    in-graph resize, declared outputs and embedding normalisation (runner keyword arguments)."""
+    from .api import loaded_for_bundle
+
+    loaded = loaded_for_bundle(bundle, resolution)
+    pre = bundle.preprocessing
+    graph = bundle.manifest.get("graph", {})
+    return loaded, {
+        "preprocessing": pre,
+        "resize_to": tuple(pre["in_graph_resize"]["to"]) if pre.get("in_graph_resize") else None,
+        "outputs": tuple(graph.get("outputs") or ()) or None,
+        "normalize_embedding": bool((graph.get("output_details") or {}).get("embedding", {}).get("l2_normalized", False)),
+    }

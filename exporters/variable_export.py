@@ -9,15 +9,13 @@ on seeded images of mixed sizes and refuses to write a bundle that fails it.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-import vitdeploy
-from vitdeploy.bundle import ARTIFACT_FILES, FORMAT, MANIFEST, Bundle, read_labels, write_labels
+from vitdeploy.bundle import ARTIFACT_FILES, LABELS, MANIFEST, Bundle, read_labels, write_labels
 from vitdeploy.errors import CheckFailed, UserError
 from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, sha256_file, staged_directory
 from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas
@@ -31,7 +29,7 @@ LIMIT_MAX_ABS = 1e-4
 
 def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Callable[[str], None]) -> Bundle:
     """Export ``source`` with a (images, valid_hw) input at ``opts.canvas``; see the module doc."""
-    from .api import RANDOM_INIT_SEED, _preprocessing_contract, _write_graph, torch_module_names
+    from .api import RANDOM_INIT_SEED, _preprocessing_contract, _write_graph, manifest_head, torch_module_names
     from .onnx_export import module_output_map
 
     _validate(opts)
@@ -65,21 +63,8 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
     strip_trace_metadata(model_proto)
     tensors = {out for node in model_proto.graph.node for out in node.output}
     modules = {m: t for m, t in module_output_map(model_proto, [f"model.{m}" for m in torch_module_names(loaded)]).items() if t in tensors}
-    manifest = {
-        "format": FORMAT,
-        "vitdeploy_version": vitdeploy.__version__,
-        "name": out_dir.name,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source": loaded.source,
-        "spec": spec.to_dict(),
-        "preprocessing": preprocessing,
-        "labels": loaded.labels,
-        "resolution": resolution,
-        "graph": {
-            "precision": "fp32",
-            "opset": opts.opset,
-            "exporter": "torch.onnx.export(dynamo=True)",
-            "torch_version": torch.__version__,
+    manifest = manifest_head(out_dir, loaded, spec, preprocessing, resolution, opts.opset)
+    manifest["graph"].update({
             "input": {"name": "images", "dtype": "uint8", "layout": "NHWC"},
             "inputs": [
                 {"name": "images", "dtype": "uint8", "layout": "NHWC", "shape": ["batch", canvas[0], canvas[1], 3]},
@@ -91,13 +76,12 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
             "patch_embed": None,
             "simplify_simplifier": None,
             "simplify_reason": "not applied to two-input graphs",
-        },
-    }
+    })
     manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"]}}
     with staged_directory(out_dir) as stage:
         path = stage / ARTIFACT_FILES["fp32"]
         _write_graph(path, model_proto, manifest)
-        write_labels(stage / "labels.txt", loaded.labels)
+        write_labels(stage / LABELS, loaded.labels)
         manifest["artifacts"] = {"fp32": {"file": ARTIFACT_FILES["fp32"], "sha256": sha256_file(path), "bytes": path.stat().st_size}}
         atomic_write_json(stage / MANIFEST, manifest)
         if opts.check:

@@ -99,6 +99,19 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def swap_dir(new: Path, target: Path) -> None:
+    """Replace folder ``target`` with the complete folder ``new`` (same file system): two renames,
+    the old folder removed only after the new one is in place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}")
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
     """Build a whole directory in a sibling staging folder, then swap it in.
@@ -114,13 +127,7 @@ def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
     os.chmod(staging, _default_mode("dir"))
     try:
         yield staging
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old.{os.getpid()}")
-            os.replace(target, old)
-        os.replace(staging, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        swap_dir(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

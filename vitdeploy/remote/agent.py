@@ -35,6 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Dict, Iterable, List, Optional, Tuple
 
+from ..fileio import sha256_file
+
 HASHES_FILE = ".vitdeploy-hashes.json"
 END_MEMBER = ".vitdeploy-end.json"
 STAGING_PREFIX = ".vitdeploy-incoming."
@@ -44,14 +46,6 @@ _CHUNK = 1 << 20
 
 class TransferError(Exception):
     """A tar stream that is incomplete, unsafe or does not match its own hash list."""
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def is_private(rel: str) -> bool:
@@ -100,7 +94,7 @@ def index(root: Path) -> Dict[str, str]:
         st = path.stat()
         entry = cache.get(rel) if isinstance(cache, dict) else None
         if not (isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns):
-            entry = {"sha256": sha256_of(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            entry = {"sha256": sha256_file(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         fresh[rel] = entry
         hashes[rel] = entry["sha256"]
     try:

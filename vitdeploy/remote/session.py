@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import UserError
-from ..fileio import atomic_path, atomic_write_json, sha256_file
+from ..fileio import atomic_path, atomic_write_json, sha256_file, swap_dir
 from . import agent
 from .target import SSH_OPTIONS_ENV, Target, close_master, remote_shell, ssh_command
 
@@ -321,18 +321,6 @@ def _merge_manifest(base: Dict[str, Any], theirs: Dict[str, Any], ours: Dict[str
     return merged
 
 
-def _swap_dir(new: Path, target: Path) -> None:
-    """Replace folder ``target`` with ``new`` (same file system): two renames, old one removed after."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old.{os.getpid()}")
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def run(request: RemoteRequest, log: Callable[[str], None], out: Callable[[str], None], err: Callable[[str], None]) -> RemoteOutcome:
     from ..bundle import Bundle
 
@@ -378,7 +366,7 @@ def _run(session: Session, request: RemoteRequest, bundle_dir: Path, log: Callab
     try:
         engine_dirs = sorted({"/".join(rel.split("/")[:2]) for rel in received if rel.startswith("engines/") and rel.count("/") >= 2})
         for unit in engine_dirs:
-            _swap_dir(staging / unit, bundle_dir / unit)
+            swap_dir(staging / unit, bundle_dir / unit)
         for rel in sorted(received):
             if rel == MANIFEST or any(rel.startswith(u + "/") for u in engine_dirs):
                 continue
