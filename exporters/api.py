@@ -213,6 +213,8 @@ def manifest_head(out_dir: Path, loaded: LoadedModel, spec: Any, preprocessing: 
 
 
 def _validate_options(opts: ExportOptions) -> None:
+    if opts.canvas and not opts.variable_size:
+        raise UserError("--canvas sets the size of a --variable-size graph; add --variable-size, or use --resolution for one fixed size")
     if opts.input_format not in INPUT_FORMATS:
         raise UserError(f"--input must be one of {', '.join(INPUT_FORMATS)}, got {opts.input_format!r}")
     if opts.channel_order not in ("rgb", "bgr"):

@@ -232,3 +232,8 @@ def test_steps_without_two_input_support_refuse_in_one_line(argv, digits_variabl
     result = CliRunner().invoke(main, [a.format(b=digits_variable.root) for a in argv])
     assert result.exit_code == 1
     assert "variable-size bundle" in result.output and result.output.strip().count("\n") == 0
+
+
+def test_canvas_without_variable_size_is_refused(export_cached):
+    with pytest.raises(UserError, match="add --variable-size"):
+        export_cached("builtin:digits", canvas=(48, 48))
