@@ -23,8 +23,12 @@ COMPAT_TESTS ?= tests/test_compat.py tests/test_calibration.py tests/test_profil
 	tests/test_check.py::test_digits_bundle_passes_with_pytorch_accuracy tests/test_check.py::test_reduced_precision_digits_through_check \
 	tests/test_export_matrix.py::test_dynamic_resolution_matches_pytorch
 COMPAT_PYTEST_ARGS ?= -k "not vit_small_int8 and not within_1_2x and not compile_mode and not deit_tiny_distilled and not vit_tiny_gap"
+# pytest-xdist workers for `make test` (the suite's tests pin torch to one thread each, so one worker
+# per core, at most 4 for memory; tests are handed out one at a time, session fixtures are built once per worker)
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: setup serve-env demo test test-compat clean
+.PHONY: setup serve-env demo test test-envs system-deps test-compat clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_trt_bindings.sh
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -50,7 +54,7 @@ $(COMPAT_STAMP): pyproject.toml constraints.txt constraints-compat.txt
 	touch $(COMPAT_STAMP)
 
 test-compat: $(COMPAT_STAMP)
-	VITDEPLOY_COMPAT_LANE=1 $(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_PYTEST_ARGS) $(COMPAT_TESTS)
+	VITDEPLOY_COMPAT_LANE=1 $(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(COMPAT_PYTEST_ARGS) $(COMPAT_TESTS)
 
 $(PY38_STAMP): pyproject.toml scripts/check_device_subset.sh
 	(bash scripts/check_device_subset.sh py38-env $(PY38_VENV) && mkdir -p $(PY38_VENV) && touch $(PY38_STAMP)) \
@@ -59,10 +63,17 @@ $(PY38_STAMP): pyproject.toml scripts/check_device_subset.sh
 demo: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH bash scripts/demo.sh $(DEMO_DIR)
 
-test: $(STAMP) $(SERVE_STAMP) $(PY38_STAMP)
+system-deps:
 	# Debian packages for the C++ example's library tests and the sshd of the --on tests (root or sudo)
 	bash scripts/install_system_deps.sh || echo "warning: could not install the C++ example's Debian packages and OpenSSH (needs root or sudo); tests/test_cpp_example.py and tests/test_remote.py will fail"
-	$(BIN)/python -m pytest -q
+
+# The five set-up steps are independent (four virtual environments and the Debian packages): made side
+# by side, they take the time of the longest (.venv, torch from disk) instead of the sum
+test-envs: $(STAMP) $(SERVE_STAMP) $(PY38_STAMP) $(COMPAT_STAMP) system-deps
+
+test:
+	$(MAKE) -j5 --output-sync=target test-envs
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 	$(MAKE) test-compat
 
 clean:

@@ -2,6 +2,7 @@
 """Benchmarks for `vitdeploy evaluate`.
 
     # wall time of the default suite (every graph of the bundle + the PyTorch reference), N runs:
+    python bench/bench_evaluate.py time demo-bundle --runs 3              # the CLI's default scheduling
     python bench/bench_evaluate.py time demo-bundle --runs 3 --threads 1
     # two digits models (plain vs Mixup-trained) under the same suite: the ship decision
     python bench/bench_evaluate.py compare plain/reports/evaluate.json mixup/reports/evaluate.json
@@ -34,7 +35,8 @@ def time_suite(args: argparse.Namespace) -> None:
     runs = []
     for i in range(args.runs):
         with tempfile.TemporaryDirectory() as out:
-            cmd = [exe, "evaluate", args.bundle, "--threads", str(args.threads), "--no-plot", "--json", "-o", out, *args.extra]
+            threads = ["--threads", str(args.threads)] if args.threads else []  # none: the CLI's own default
+            cmd = [exe, "evaluate", args.bundle, *threads, "--no-plot", "--json", "-o", out, *args.extra]
             load = os.getloadavg()[0]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
@@ -101,7 +103,7 @@ def main() -> None:
     t = sub.add_parser("time")
     t.add_argument("bundle")
     t.add_argument("--runs", type=int, default=3)
-    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--threads", type=int, default=None, help="per scorer [default: none given, the CLI's default]")
     t.add_argument("--json", default=None, help="write the runs here")
     t.add_argument("extra", nargs="*", help="more `vitdeploy evaluate` options (after --)")
     c = sub.add_parser("compare")

@@ -3,6 +3,10 @@
 One library call for the CLI. The quantized graph is built and scored in a temporary folder and only
 then copied into the bundle (temp file + rename) and recorded in the manifest, so a failure at any
 step - bad data, a graph below the accuracy gate, Ctrl-C - leaves the bundle as it was.
+
+A variable-size bundle (images + valid_hw) is calibrated on (images, valid_hw) pairs at mixed sizes,
+scored on the invariance (rows of padded mixed-size batches vs the fp32 graph on each image alone,
+per output) and checked for finite outputs on edge valid_hw rows before anything is written.
 """
 
 from __future__ import annotations
@@ -58,7 +62,6 @@ def calibrate_bundle(
     if opts.sweep and not opts.sweep_methods:
         raise UserError("--sweep-methods is empty; name at least one of entropy, minmax, percentile")
     bundle = Bundle.open(path)
-    bundle.refuse_variable_size("calibrate")
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; calibrate writes model.int8.onnx into a bundle folder (export with -o DIR)")
     fp32 = bundle.artifact_path("fp32")
@@ -107,14 +110,16 @@ def calibrate_bundle(
             from .sweep import Trials, choice_rule, choose, render_table, run_ladder, run_sweep
 
             # logits, and the embedding when the bundle exports one: the gate reads both
-            fp32_ref = graph_outputs(fp32, data.images, "all", opts.threads)
+            # variable-size bundles: the reference is each image alone (the invariance), candidates run mixed batches
+            fp32_ref = graph_outputs(fp32, data.images, "all", opts.threads, valid_hw=data.valid_hw, alone=data.valid_hw is not None)
             fp32_accuracy = float((fp32_ref["logits"].argmax(1) == data.labels).mean()) if data.labels is not None else None
             trials = Trials(fp32, source, data, fp32_ref, fp32_accuracy, opts.target, bundle.manifest, work, opts.gate,
                             threads=opts.threads, measure_latency=(mode == "sweep"), log=log, progress=progress)
             if mode == "sweep":
                 run_sweep(trials, opts.exclusions, methods)
                 best = choose(trials.candidates, opts.target)
-                fp32_ms = latency_ms(fp32, data.images[:1], "all", threads=opts.threads)
+                fp32_ms = latency_ms(fp32, data.images[:1], "all", threads=opts.threads,
+                                     valid_hw=data.valid_hw[:1] if data.valid_hw is not None else None)
                 if show_table is not None:
                     show_table(render_table(trials.candidates, best, fp32_accuracy, fp32_ms, opts.target))
                 selection = {"mode": "sweep", "rule": choice_rule(opts.target), "fp32_latency_ms_batch1": round(fp32_ms, 3)}
@@ -143,6 +148,18 @@ def calibrate_bundle(
             recipe, graph, calibration, quantization = best.recipe, best.path, best.calibration, best.quantization
             evaluation = _evaluation(data, fp32_accuracy, best.scores, opts.gate, execution)
 
+        sanity = None
+        if bundle.variable_size:
+            # two-input graph: random mixed sizes vs each alone, and no NaN on edge valid_hw rows (one
+            # patch, full canvas, clamped values) in the gated execution; refused before it is written
+            from vitdeploy.exporters.variable_precision import gate_sanity, variable_sanity
+
+            from .evaluate import EXECUTIONS
+
+            sanity = variable_sanity(fp32, graph, bundle, "int8", optimization=EXECUTIONS[execution])
+            gate_sanity(sanity, "int8")
+            log(f"invariance: random mixed sizes vs each alone, max |dlogit| {sanity['max_abs_logit_diff']:.2e}, "
+                f"logit cosine p1 {sanity['outputs']['logits']['cosine_p1']:.4f}; edge valid_hw rows finite")
         record = {
             "precision": "int8",
             "target": opts.target,
@@ -164,6 +181,8 @@ def calibrate_bundle(
             record["calibrated_on_cpu"] = cpu_features()
         if selection is not None:
             record["selection"] = selection
+        if sanity is not None:
+            record["sanity"] = sanity
         dst = bundle.root / ARTIFACT_FILES["int8"]
         with atomic_path(dst) as tmp_dst:
             shutil.copyfile(graph, tmp_dst)

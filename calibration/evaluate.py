@@ -5,6 +5,10 @@ optimizations runs Q/DQ as fake-quant in float (the arithmetic TensorRT implemen
 it fuses Q/DQ into integer kernels (how this CPU would execute it). The gate applies to the
 execution the graph is meant for: reference semantics for the TensorRT graph, int8 kernels for the
 CPU graph.
+
+A variable-size graph (images + valid_hw) is scored on the invariance: the labelled images at mixed
+sizes in padded batches (seeded noise in the padding) against the fp32 graph on each image alone,
+with the gate applied to each output (logits and probs).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.bundle import Bundle
+from vitdeploy.data import default_data
 
 EVAL_BATCH = 32
 EXECUTIONS = {"reference": "basic", "this_cpu": "all"}  # name -> ORT graph optimization level
@@ -29,6 +34,9 @@ class EvalData:
     images: np.ndarray  # uint8 NHWC at the graph's input contract
     labels: np.ndarray | None
     record: dict[str, Any]
+    # variable-size bundles: each padded row's valid (height, width), fed as the second input; the
+    # fp32 reference then runs each image alone (the invariance: rows of a mixed batch vs alone)
+    valid_hw: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,9 @@ class Gate:
         emb = scores.get("embedding_cosine_p1")
         if emb is not None and emb < self.min_cosine:
             failures.append(f"embedding cosine (1st percentile of images) {emb:.4f} < {self.min_cosine:g}")
+        probs = scores.get("probs_cosine_p1")  # variable-size graphs are gated per output
+        if probs is not None and probs < self.min_cosine:
+            failures.append(f"probs cosine (1st percentile of images) {probs:.4f} < {self.min_cosine:g}")
         if scores["top1_agreement"] < self.min_agreement:
             failures.append(f"top-1 agreement {scores['top1_agreement']:.2%} < {self.min_agreement:.0%}")
         if scores["cosine_p1"] < self.min_cosine:
@@ -61,21 +72,15 @@ class Gate:
                 "min_cosine_p1": self.min_cosine}
 
 
-def default_eval_data(bundle: Bundle) -> str | None:
-    """The bundled digits model scores on its held-out test split; others need --eval-data."""
-    source = bundle.manifest.get("source", {})
-    if source.get("kind") == "builtin" and source.get("name") == "digits":
-        return "digits:test"
-    return None
-
-
 def load_eval_data(bundle: Bundle, spec: str | None, limit: int | None = None) -> EvalData | None:
     """Labelled (or unlabelled .npy) images through `check`'s loader, so both score the same pixels."""
     from vitdeploy.checks.inputs import real_set
 
-    spec = spec or default_eval_data(bundle)
+    spec = spec or default_data(bundle)
     if spec is None:
         return None
+    if bundle.variable_size:
+        return _variable_eval_data(bundle, spec, limit)
     real = real_set(bundle, spec, limit)
     record = {"data": spec, "count": int(real.meta["count"]), "sha256": real.meta["sha256"], "labelled": real.labels is not None}
     return EvalData(spec, real.images, real.labels, record)
@@ -86,35 +91,48 @@ def graph_logits(path: str | Path, images: np.ndarray, optimization: str, thread
 
 
 GATED_OUTPUTS = ("logits", "embedding")  # what the INT8 gate reads (the patch grid is `check`'s)
+# a variable-size graph is gated per output on both of its outputs (check's per-output gates)
+VARIABLE_GATED_OUTPUTS = ("logits", "probs")
 
 
-def graph_outputs(path: str | Path, images: np.ndarray, optimization: str, threads: int | None = None) -> dict[str, np.ndarray]:
-    """The gated outputs the graph has: logits, and the embedding when the bundle exports one."""
+def graph_outputs(path: str | Path, images: np.ndarray, optimization: str, threads: int | None = None,
+                  valid_hw: np.ndarray | None = None, alone: bool = False) -> dict[str, np.ndarray]:
+    """The gated outputs the graph has: logits, and the embedding when the bundle exports one.
+
+    ``valid_hw``: a variable-size graph's second input (its logits and probs are gated); ``alone``
+    runs each image in a batch of its own (the reference side of the invariance).
+    """
     from vitdeploy.runtime.ort import OrtRunner
 
     runner = OrtRunner(path, optimization=optimization, threads=threads, providers=["CPUExecutionProvider"])
     try:
-        names = tuple(n for n in GATED_OUTPUTS if n in runner.outputs())
+        gated = VARIABLE_GATED_OUTPUTS if valid_hw is not None else GATED_OUTPUTS
+        names = tuple(n for n in gated if n in runner.outputs())
         if "logits" not in names:
             from vitdeploy.errors import UserError
 
             raise UserError(f"{Path(path).name} has no logits output: the INT8 gate scores accuracy and agreement on logits; "
                             "calibrate without --eval-data, or export the bundle with --outputs logits,probs,embedding")
+        if valid_hw is not None:
+            from vitdeploy.variable import run_padded_graph
+
+            return run_padded_graph(runner.session, images, valid_hw, names, batch=1 if alone else EVAL_BATCH)
         return runner.infer_batched(images, EVAL_BATCH, outputs=names)
     finally:
         runner.close()
 
 
 def scores(logits: Any, labels: np.ndarray | None, fp32_logits: Any) -> dict[str, Any]:
-    """Task scores against fp32; ``logits``/``fp32_logits`` may be output dicts (logits, embedding)."""
+    """Task scores against fp32; ``logits``/``fp32_logits`` may be output dicts (logits, embedding, probs)."""
     from vitdeploy.compare import cosine_percentile, cosine_rows
 
     extra: dict[str, Any] = {}
     if isinstance(logits, dict):
-        if "embedding" in logits and isinstance(fp32_logits, dict) and "embedding" in fp32_logits:
-            emb_cos = cosine_rows(fp32_logits["embedding"], logits["embedding"])
-            extra = {"embedding_cosine_p1": cosine_percentile(emb_cos), "embedding_cosine_min": float(emb_cos.min()),
-                     "embedding_max_abs": float(np.abs(logits["embedding"].astype(np.float64) - fp32_logits["embedding"]).max())}
+        for name in ("embedding", "probs"):
+            if name in logits and isinstance(fp32_logits, dict) and name in fp32_logits:
+                cos = cosine_rows(fp32_logits[name], logits[name])
+                extra.update({f"{name}_cosine_p1": cosine_percentile(cos), f"{name}_cosine_min": float(cos.min()),
+                              f"{name}_max_abs": float(np.abs(logits[name].astype(np.float64) - fp32_logits[name]).max())})
         logits = logits["logits"]
     if isinstance(fp32_logits, dict):
         fp32_logits = fp32_logits["logits"]
@@ -135,24 +153,60 @@ def score_graph(path: str | Path, data: EvalData, fp32_logits: np.ndarray, threa
     """Accuracy and agreement of a Q/DQ graph in both executions."""
     out = {}
     for name, level in EXECUTIONS.items():
-        out[name] = {"optimization": level, **scores(graph_outputs(path, data.images, level, threads), data.labels, fp32_logits)}
+        got = graph_outputs(path, data.images, level, threads, valid_hw=data.valid_hw)
+        out[name] = {"optimization": level, **scores(got, data.labels, fp32_logits)}
     return out
 
 
 def latency_ms(path: str | Path, image: np.ndarray, optimization: str = "all", runs: int = 20, warmup: int = 3,
-               threads: int | None = None) -> float:
-    """Median wall time of one batch on this CPU, in milliseconds."""
+               threads: int | None = None, valid_hw: np.ndarray | None = None) -> float:
+    """Median wall time of one batch on this CPU, in milliseconds (``valid_hw``: a variable-size graph's)."""
     from vitdeploy.runtime.ort import OrtRunner
 
     runner = OrtRunner(path, optimization=optimization, threads=threads, providers=["CPUExecutionProvider"])
+    if valid_hw is not None:
+        from vitdeploy.variable import run_padded_graph
+
+        def once() -> None:
+            run_padded_graph(runner.session, image, valid_hw, ("logits",))
+    else:
+        def once() -> None:
+            runner.infer(image)
     try:
         for _ in range(warmup):
-            runner.infer(image)
+            once()
         times = []
         for _ in range(runs):
             start = time.perf_counter()
-            runner.infer(image)
+            once()
             times.append(time.perf_counter() - start)
         return float(np.median(times) * 1000.0)
     finally:
         runner.close()
+
+
+def _variable_eval_data(bundle: Bundle, spec: str, limit: int | None) -> EvalData:
+    """The labelled set as `check` scores a variable-size bundle: every image rescaled to a seeded
+    random size and aspect ratio, fitted by the host policy, padded with seeded noise (the graph must
+    ignore it); the fp32 reference then runs each image alone."""
+    import hashlib
+
+    from vitdeploy.checks.variable import RESCALE_RULE, mixed_size_images, size_summary
+    from vitdeploy.data import open_labelled
+    from vitdeploy.images import to_channel_order
+    from vitdeploy.variable import padded_batch
+
+    contract = bundle.variable_size
+    policy = contract.get("host_policy", "fit-within")
+    labelled = open_labelled(spec, tuple(bundle.spec.image_size), bundle.preprocessing, classes=bundle.labels, limit=limit,
+                             need_labels=False)
+    fitted = [to_channel_order(img, bundle.preprocessing) for img in mixed_size_images(labelled.images, bundle.preprocessing, 0, policy)]
+    images, valid = padded_batch(fitted, contract["canvas"], seed=2)
+    digest = hashlib.sha256(np.ascontiguousarray(images).tobytes())
+    digest.update(valid.tobytes())
+    labels = None if labelled.labels is None else np.asarray(labelled.labels, dtype=np.int64)
+    record = {"data": spec, "count": int(len(images)), "sha256": digest.hexdigest(), "labelled": labels is not None,
+              "variable_size": {"policy": policy, "rescale": RESCALE_RULE, "padding": "seeded noise", **size_summary(fitted),
+                                "reference": "fp32 graph, each image alone (batch of one)",
+                                "candidate": "padded batches of mixed sizes"}}
+    return EvalData(spec, images, labels, record, valid_hw=valid)

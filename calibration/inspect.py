@@ -10,7 +10,9 @@ by ``vitdeploy check``. The rules:
 * an excluded layer reads no Q/DQ at all;
 * for TensorRT (``target="tensorrt"``): every Q/DQ is symmetric int8 (zero point 0) and no
   DequantizeLinear reads int32 (TensorRT's parser accepts only int8/fp8/int4 inputs to DQ, so biases
-  stay float).
+  stay float);
+* in a variable-size graph, no Q/DQ reads or sits on the valid_hw mask path
+  (:mod:`vitdeploy.exporters.mask_path`).
 
 GELU and the residual Adds reading Q/DQ outputs are counted (they stay float either way).
 """
@@ -99,6 +101,13 @@ def inspect_qdq_placement(model: Any, excluded_nodes: Iterable[str] = (), target
         else:
             per_channel += 1
 
+    # 4. variable-size graphs: no Q/DQ reads or sits on the valid_hw mask path
+    from vitdeploy.exporters.mask_path import find_mask_path, qdq_on_mask_path
+
+    mask = find_mask_path(model)
+    for name in qdq_on_mask_path(model, mask) if mask is not None else ():
+        violations.append(f"{name} is on the valid_hw mask path (Q/DQ must not touch what is computed from valid_hw before it meets the image)")
+
     # 3. what TensorRT accepts
     q_nodes = [n for n in model.graph.node if n.op_type in QDQ_OPS]
     dtypes: set[str] = set()
@@ -129,6 +138,7 @@ def inspect_qdq_placement(model: Any, excluded_nodes: Iterable[str] = (), target
         "float_only_ops": float_only,
         "float_ops_reading_qdq": fed,
         "quantized_dtypes": sorted(dtypes),
+        **({"mask_path": mask.summary()} if mask is not None else {}),
         "violations": violations,
     }
 

@@ -11,6 +11,11 @@ Two steps, so that a sweep calibrates once per method and quantizes many times:
    keeps their outputs float, so no Q/DQ lands in front of Softmax, GELU or the residual Adds), then
    checks the placement (:mod:`.inspect`) and embeds the manifest core with ``graph.precision = int8``.
 
+Variable-size graphs (images + valid_hw): calibration feeds (images, valid_hw) pairs (:mod:`.sources`),
+and the linear layers of the valid_hw mask path (the per-sample position-table MatMuls,
+:mod:`vitdeploy.exporters.mask_path`) are always excluded, so no Q/DQ lands on anything computed from
+valid_hw before it joins the token stream; the key-bias Add and Softmax stay float as everywhere.
+
 No ``quant_pre_process``: it re-runs ORT's optimizer over the graph, which renames the tensors the
 manifest's module map points at (``check`` localisation, ``--exclude-blocks``) and changes the graph
 TensorRT later parses; ``quantize_static`` does the shape inference it needs itself.
@@ -114,27 +119,30 @@ class Recipe:
 
 
 class _Batches:
-    """ORT CalibrationDataReader protocol (get_next) over a slice of a source's batches."""
+    """ORT CalibrationDataReader protocol (get_next) over a slice of a source's feeds
+    (the images, and valid_hw for a variable-size graph)."""
 
-    def __init__(self, input_name: str, batches: list[Any]):
-        self.input_name = input_name
-        self._iter = iter(batches)
+    def __init__(self, feeds: list[dict[str, Any]]):
+        self._iter = iter(feeds)
 
     def get_next(self) -> dict[str, Any] | None:
-        batch = next(self._iter, None)
-        return None if batch is None else {self.input_name: batch}
+        return next(self._iter, None)
 
 
-def _chunks(batches: list[Any]) -> list[list[Any]]:
+def _chunks(feeds: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Groups of up to BATCHES_PER_COLLECT batches of one shape: ORT's histogram collector stacks
     the outputs of one collect_data call, so a shorter last batch must go in a call of its own."""
-    groups: list[list[Any]] = []
-    for batch in batches:
-        if groups and len(groups[-1]) < BATCHES_PER_COLLECT and groups[-1][0].shape == batch.shape:
-            groups[-1].append(batch)
+    groups: list[list[dict[str, Any]]] = []
+    for feed in feeds:
+        if groups and len(groups[-1]) < BATCHES_PER_COLLECT and _shapes(groups[-1][0]) == _shapes(feed):
+            groups[-1].append(feed)
         else:
-            groups.append([batch])
+            groups.append([feed])
     return groups
+
+
+def _shapes(feed: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(v.shape) for v in feed.values())
 
 
 def check_sample_count(source: CalibrationSource, method: str) -> None:
@@ -173,10 +181,10 @@ def compute_ranges(
                 extra_options=options,
             )
         done = 0
-        for chunk in _chunks(list(source.batches(CALIBRATION_BATCH))):
+        for chunk in _chunks(list(source.feeds(input_name, CALIBRATION_BATCH))):
             with _quiet():
-                calibrator.collect_data(_Batches(input_name, chunk))
-            done += sum(len(b) for b in chunk)
+                calibrator.collect_data(_Batches(chunk))
+            done += sum(len(feed[input_name]) for feed in chunk)
             if progress:
                 progress(done, len(source))
         with _quiet():
@@ -210,6 +218,14 @@ def quantize_graph(
     model = onnx.load(str(fp32_path))
     graph_meta = ((manifest or {}).get("graph") or {})
     excluded = resolve(model, graph_meta, recipe.exclusions)
+    # variable-size graphs: no Q/DQ on what is computed from valid_hw before it meets the image (the
+    # per-sample position-table MatMuls; masks and the key bias have no linear layer), found by value flow
+    from vitdeploy.exporters.mask_path import find_mask_path
+
+    mask = find_mask_path(model)
+    if mask is not None and mask.linear:
+        excluded = {"nodes": sorted(set(excluded["nodes"]) | set(mask.linear)),
+                    "by": {**excluded["by"], "valid_hw mask path": sorted(mask.linear)}}
     op_types = [op for op in QUANTIZABLE_OPS if op not in recipe.exclusions.op_types]
     if not op_types:
         raise UserError("every quantizable op type is excluded; nothing would be INT8")

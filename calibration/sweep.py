@@ -118,7 +118,9 @@ class Trials:
         self.seen.add(key)
         result = score_graph(out, self.data, self.fp32_logits, self.threads)
         passed, failures = self.gate.verdict(self.fp32_accuracy, result[self.execution])
-        latency = latency_ms(out, self.data.images[:1], "all", runs=LATENCY_RUNS, threads=self.threads) if self.measure_latency else float("nan")
+        valid = self.data.valid_hw[:1] if self.data.valid_hw is not None else None
+        latency = (latency_ms(out, self.data.images[:1], "all", runs=LATENCY_RUNS, threads=self.threads, valid_hw=valid)
+                   if self.measure_latency else float("nan"))
         cand = Candidate(preset, recipe, out, quantization, calibration, result, latency, passed, failures)
         self.candidates.append(cand)
         s = result[self.execution]

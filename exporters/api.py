@@ -105,9 +105,17 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     strip_trace_metadata(model_proto)
     modules = module_output_map(model_proto, [f"model.{m}" for m in torch_module_names(variant)])
     simplify_record: dict[str, Any] = {"simplifier": None}
+    slim_timing: dict[str, Any] = {}
     if opts.simplify:
-        model_proto, simplify_record = simplify_if_identical(model_proto, _probe(opts, height, width))
-        log("simplified with onnxslim (outputs identical)" if simplify_record.get("applied") else f"kept the exporter's graph: {simplify_record.get('reason')}")
+        probe = _probe(opts, height, width, variant.spec.patch_size)
+        model_proto, simplify_record = simplify_if_identical(model_proto, probe)
+        # timings stay out of the graph's manifest (its bytes must not change from one export to the next)
+        slim_timing = {k: simplify_record.pop(k) for k in ("slim_s", "identity_check_s") if k in simplify_record}
+        slim_timing["probe_hw"] = list(probe.shape[1:3] if opts.input_format == "uint8-nhwc" else probe.shape[2:4])
+        took = (f" in {slim_timing['slim_s']:.1f} s + identity check {slim_timing['identity_check_s']:.1f} s "
+                f"at {slim_timing['probe_hw'][0]}x{slim_timing['probe_hw'][1]}") if "slim_s" in slim_timing else ""
+        log(f"simplified with onnxslim (outputs identical){took}" if simplify_record.get("applied")
+            else f"kept the exporter's graph: {simplify_record.get('reason')}")
     tensors = {node_out for node in model_proto.graph.node for node_out in node.output}
     modules = {m: t for m, t in modules.items() if t in tensors}  # a simplifier may rename a few
     grid_of = (f"model input after the in-graph resize to {height}x{width}" if opts.resize else "input image")
@@ -129,7 +137,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     })
     # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights
     # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
-    manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"]}}
+    manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"],
+                                      **({"simplify": slim_timing} if opts.simplify else {})}}
     with staged_directory(out_dir) as stage:
         _write_graph(stage / ARTIFACT_FILES["fp32"], model_proto, manifest)
         write_labels(stage / LABELS, loaded.labels)
@@ -273,7 +282,12 @@ def _example(opts: ExportOptions, height: int, width: int, patch: tuple[int, int
     return torch.randint(0, 256, (2, height, width, 3), dtype=torch.uint8)
 
 
-def _probe(opts: ExportOptions, height: int, width: int) -> np.ndarray:
+def _probe(opts: ExportOptions, height: int, width: int, patch: tuple[int, int]) -> np.ndarray:
+    """Two images for onnxslim's identity check. A dynamic graph runs every node at any size, so it
+    is probed at about half the native side (whole patches, at least two): the same ops, a quarter of
+    the compute (ViT-B/16: 112x112 instead of 224x224)."""
+    if opts.dynamic_resolution:
+        height, width = (max(2 * p, (side // 2) // p * p) for side, p in ((height, patch[0]), (width, patch[1])))
     if opts.input_format == "float-nchw":
         return np.random.default_rng(1).standard_normal((2, 3, height, width)).astype(np.float32)
     return random_images(2, height, width, seed=1)
@@ -287,6 +301,10 @@ def _write_graph(path: Path, model_proto: Any, manifest: dict[str, Any]) -> None
         onnx.save(model_proto, str(tmp))
 
 
+# graphs made from the fp32 graph (reduced precision, and the fused CPU graph): valid while it is unchanged
+DERIVED_GRAPHS = ("fp16", "int8", "cpu")
+
+
 def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: str, log: Callable[[str], None]) -> None:
     """Re-export into an existing bundle: keep what was made from an identical fp32 graph, drop the rest."""
     if not (old_dir / MANIFEST).is_file():
@@ -296,11 +314,11 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
     except UserError:
         return
     if old.get("artifacts", {}).get("fp32", {}).get("sha256") != fp32_sha:
-        dropped = [k for k in ("fp16", "int8") if k in old.get("artifacts", {})] + [f"engine {t}" for t in old.get("engines", {})]
+        dropped = [k for k in DERIVED_GRAPHS if k in old.get("artifacts", {})] + [f"engine {t}" for t in old.get("engines", {})]
         if dropped:
             log(f"the fp32 graph changed: dropped {', '.join(dropped)} and old reports")
         return
-    for precision in ("fp16", "int8"):
+    for precision in DERIVED_GRAPHS:
         record = old.get("artifacts", {}).get(precision)
         if record and (old_dir / record["file"]).is_file():
             shutil.copy2(old_dir / record["file"], stage / record["file"])

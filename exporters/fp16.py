@@ -8,7 +8,10 @@ TensorRT 11 builds networks strongly typed, so FP16 has to be decided in the ONN
   must not round), every ``LayerNormalization`` (the LayerNorm after attention overflows fp16 in
   real ViTs, a long-standing TensorRT issue), every ``Softmax`` (the attention weights and ``probs``),
   the converter's own default block list (Resize among them: the position-table interpolation of
-  dynamic-resolution graphs) and any op type the user names (``--keep-fp32``);
+  dynamic-resolution graphs) and any op type the user names (``--keep-fp32``); in a variable-size
+  graph also the ``valid_hw`` mask path (:mod:`.mask_path`: masks, the -30000 key bias, per-sample
+  position tables, masked-mean weights, and the nodes where they join the image stream), and the
+  graph is gated on the invariance before it is written (:mod:`.variable_precision`);
 * unchanged interface: the uint8 ``images`` input and the fp32 ``logits``/``probs`` outputs
   (``keep_io_types``), so a deployment swaps the file and nothing else.
 
@@ -100,7 +103,6 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = ()) -> Pat
     The new graph is loaded and run on seeded images before it replaces anything: a graph ONNX
     Runtime cannot run never lands in the bundle.
     """
-    bundle.refuse_variable_size("the fp16 pass")
     onnx = require("onnx", "the fp16 pass")
     src = bundle.artifact_path("fp32")
     if bundle.bare_onnx is not None:
@@ -109,7 +111,14 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = ()) -> Pat
     model, record = _convert(src, tuple(keep_fp32_ops), bundle.manifest)
     with atomic_path(dst) as tmp:
         onnx.save(model, str(tmp))
-        record["sanity"] = numeric_sanity(src, tmp, bundle)
+        if bundle.variable_size:
+            # the acceptance of a two-input graph is the invariance: gate it before it lands
+            from .variable_precision import gate_sanity, variable_sanity
+
+            record["sanity"] = variable_sanity(src, tmp, bundle)
+            gate_sanity(record["sanity"], "fp16")
+        else:
+            record["sanity"] = numeric_sanity(src, tmp, bundle)
     bundle.add_artifact("fp16", dst, record)
     return dst
 
@@ -140,8 +149,17 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
     from .position_nodes import fp32_position_nodes
 
     position_nodes = [n for n in fp32_position_nodes(model) if n not in set(pre_nodes)]
+    # variable-size graphs: everything computed from valid_hw before it meets the image (masks, the
+    # -30000 key bias, per-sample interpolation matrices and tables, masked-mean weights), the joins
+    # and the masked sums stay fp32 (exporters/mask_path.py: found by value flow, not names)
+    from .mask_path import find_mask_path
+
+    mask = find_mask_path(model)
+    taken = set(pre_nodes) | set(position_nodes)
+    mask_nodes = [n for n in dict.fromkeys(mask.fp32_nodes) if n not in taken] if mask is not None else []
     block_ops = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(ALWAYS_FP32_OPS) | set(user_ops))
     source_sha = sha256_file(src)
+    _prepare_initializers(model, set(pre_nodes) | set(position_nodes) | set(mask_nodes), set(block_ops))
 
     with warnings.catch_warnings(record=True) as caught:
         # the converter warns once per weight value it clamps to fp16's range; count them instead
@@ -150,10 +168,11 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
             model,
             keep_io_types=True,  # uint8 in, fp32 logits/probs out: the bundle's contract does not change
             op_block_list=block_ops,
-            node_block_list=pre_nodes + position_nodes,
+            node_block_list=pre_nodes + position_nodes + mask_nodes,
         )
     clamped = sum(1 for w in caught if "truncated" in str(w.message))
     _drop_fp16_casts_on_outputs(converted)
+    _drop_fp16_round_trips(converted)
     converted = _refresh_value_info(converted)
     if core is not None:
         fp16_core = copy.deepcopy(core)
@@ -174,6 +193,7 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
         "converter_default_block_list_in_graph": sorted(set(float16.DEFAULT_OP_BLOCK_LIST) & set(present)),
         "preprocessing_nodes_fp32": len(pre_nodes),
         "position_nodes_fp32": len(position_nodes),
+        **({"mask_path": {**mask.summary(), "nodes_fp32": len(mask_nodes)}} if mask is not None else {}),
         "weights_clamped_to_fp16_range": clamped,
         "placement": {k: v for k, v in placement.items() if k != "violations"},
         "from_fp32_sha256": source_sha,
@@ -270,6 +290,16 @@ def inspect_fp16_placement(
             wrong = [t for t, ty in float_tensors(node) if ty != fp32]
             if wrong:
                 violations.append(f"preprocessing node {node.name} ({node.op_type}) computes in fp16")
+    # variable-size graphs: the valid_hw mask path, its joins and masked sums, re-found in this graph
+    from .mask_path import find_mask_path
+
+    mask = find_mask_path(model)
+    kept_mask = set(mask.fp32_nodes) if mask is not None else set()
+    for node in model.graph.node:
+        if node.name in kept_mask:
+            wrong = [t for t, ty in float_tensors(node) if ty != fp32]
+            if wrong:
+                violations.append(f"valid_hw mask-path node {node.name} ({node.op_type}) computes in fp16 ({wrong[0]})")
     for out in model.graph.output:
         if out.type.tensor_type.elem_type != fp32:
             violations.append(f"output {out.name} is {name(out.type.tensor_type.elem_type)}, expected FLOAT")
@@ -287,8 +317,55 @@ def inspect_fp16_placement(
         "preprocessing_nodes": len(pre),
         "linear_ops": len(linear),
         "linear_ops_fp16": len(fp16_linear),
+        **({"mask_path": mask.summary()} if mask is not None else {}),
         "violations": violations,
     }
+
+
+def _prepare_initializers(model: Any, kept_nodes: set[str], block_ops: set[str]) -> int:
+    """Make onnxconverter-common keep the initializers that fp32 nodes read in fp32.
+
+    * value_info entries naming initializers are dropped (the initializer carries its type; the
+      dynamo exporter writes them for un-simplified graphs such as the variable-size one): with one,
+      the converter marks the tensor fp16, casts it back in front of each blocked reader and then
+      rounds the initializer itself to fp16 - the normalisation mean, the patch size;
+    * a float initializer read by fp32-kept nodes and by fp16 nodes is split, the kept readers get
+      their own fp32 copy: the converter otherwise leaves it fp32 and hands the fp16 readers an fp32
+      tensor (a type error ORT refuses). In a variable-size graph the position table is one: the
+      fp32 per-sample resampling MatMuls and the fp16 prefix rows read it.
+
+    Returns how many initializers were split.
+    """
+    onnx = require("onnx")
+    graph = model.graph
+    initializer_names = {i.name for i in graph.initializer}
+    stale = [v for v in graph.value_info if v.name in initializer_names]
+    for value in stale:
+        graph.value_info.remove(value)
+    floats = {i.name: i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    names = {i.name for i in graph.initializer}
+    readers: dict[str, list[tuple[Any, int]]] = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name in floats:
+                readers.setdefault(name, []).append((node, index))
+    split = 0
+    for name, uses in readers.items():
+        kept = [(node, index) for node, index in uses if node.name in kept_nodes or node.op_type in block_ops]
+        if not kept or len(kept) == len(uses):
+            continue
+        copy_name = f"{name}_fp32"
+        while copy_name in names:
+            copy_name += "_"
+        names.add(copy_name)
+        copy = onnx.TensorProto()
+        copy.CopyFrom(floats[name])
+        copy.name = copy_name
+        graph.initializer.append(copy)
+        for node, index in kept:
+            node.input[index] = copy_name
+        split += 1
+    return split
 
 
 def _drop_fp16_casts_on_outputs(model: Any) -> None:
@@ -320,6 +397,34 @@ def _drop_fp16_casts_on_outputs(model: Any) -> None:
                 upstream.output[i] = output.name
         graph.node.remove(cast)
         output.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+
+
+def _drop_fp16_round_trips(model: Any) -> int:
+    """Cast(to fp16) -> Cast(to fp32) becomes one Cast(to fp32) of the original tensor.
+
+    The converter wraps every blocked node in casts and removes a pair only where the fp16 cast has
+    one reader; a tensor read by several blocked nodes (a variable-size graph's masks and position
+    coordinates) kept its round trip, i.e. fp32 values rounded to fp16 and back between two fp32
+    nodes. Returns how many round trips were cut.
+    """
+    onnx = require("onnx")
+    graph = model.graph
+    fp16, fp32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+
+    def cast_to(node: Any) -> int | None:
+        return next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+
+    producer = {out: node for node in graph.node for out in node.output}
+    cut = 0
+    for node in graph.node:
+        up = producer.get(node.input[0]) if cast_to(node) == fp32 else None
+        if up is not None and cast_to(up) == fp16:
+            node.input[0] = up.input[0]
+            cut += 1
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    for node in [n for n in graph.node if cast_to(n) == fp16 and n.output[0] not in read]:
+        graph.node.remove(node)  # a round trip's fp16 half nothing reads any more
+    return cut
 
 
 def _refresh_value_info(model: Any) -> Any:

@@ -18,7 +18,7 @@ import torch
 from vitdeploy.bundle import ARTIFACT_FILES, LABELS, MANIFEST, Bundle, read_labels, write_labels
 from vitdeploy.errors import CheckFailed, UserError
 from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, sha256_file, staged_directory
-from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas
+from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas, mixed_sizes, padded_batch  # noqa: F401 - re-exported
 
 from .onnx_export import strip_trace_metadata
 from .sources import LoadedModel, load_source
@@ -90,6 +90,11 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
             atomic_write_json(stage / MANIFEST, manifest)
             if not record["passed"]:
                 raise CheckFailed(f"variable-size graph breaks the invariance: {'; '.join(record['failures'])} (bundle not written)")
+        if "fp16" in opts.precisions:  # gated on the invariance as it is written (exporters/fp16.py)
+            from .fp16 import add_fp16_to_bundle
+
+            add_fp16_to_bundle(Bundle(stage, manifest), keep_fp32_ops=opts.keep_fp32)
+            log("wrote model.fp16.onnx (the valid_hw mask path, LayerNorm, Softmax and preprocessing kept in fp32)")
     return Bundle.open(out_dir)
 
 
@@ -101,33 +106,9 @@ def _validate(opts: Any) -> None:
                if on]
     if clashes:
         raise UserError(f"--variable-size excludes {', '.join(clashes)}: the canvas and valid_hw replace them")
-    if "fp16" in opts.precisions:
-        raise UserError("--variable-size writes the fp32 graph; mixed precision for two-input graphs is not supported yet")
-
-
-def mixed_sizes(canvas: tuple[int, int], patch: tuple[int, int], native: tuple[int, int], count: int) -> list[tuple[int, int]]:
-    """Seeded whole-patch sizes spanning the canvas: the canvas itself, the native size where it fits,
-    the smallest (one patch), portrait and landscape extremes, then random sizes."""
-    grid_h, grid_w = canvas[0] // patch[0], canvas[1] // patch[1]
-    fixed = [(grid_h, grid_w), (1, 1), (grid_h, max(1, grid_w // 3)), (max(1, grid_h // 3), grid_w)]
-    if native[0] <= canvas[0] and native[1] <= canvas[1]:
-        fixed.append((native[0] // patch[0], native[1] // patch[1]))
-    rng = np.random.default_rng(0)
-    while len(fixed) < count:
-        fixed.append((int(rng.integers(1, grid_h + 1)), int(rng.integers(1, grid_w + 1))))
-    return [(gh * patch[0], gw * patch[1]) for gh, gw in fixed[:count]]
-
-
-def padded_batch(crops: list[np.ndarray], canvas: tuple[int, int], seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Crops placed top-left in canvases whose padding holds noise (the graph must ignore it)."""
-    rng = np.random.default_rng(seed)
-    batch = rng.integers(0, 256, (len(crops), canvas[0], canvas[1], 3), dtype=np.uint8)
-    valid = np.zeros((len(crops), 2), dtype=np.int32)
-    for i, crop in enumerate(crops):
-        h, w = crop.shape[:2]
-        batch[i, :h, :w] = crop
-        valid[i] = (h, w)
-    return batch, valid
+    unknown = set(opts.precisions) - {"fp32", "fp16"}
+    if unknown:
+        raise UserError(f"export writes fp32 and fp16 graphs; {', '.join(sorted(unknown))} comes from `vitdeploy calibrate`")
 
 
 def verify_invariance(bundle: Bundle, loaded: LoadedModel, log: Callable[[str], None], count: int = 8) -> dict[str, Any]:

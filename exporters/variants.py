@@ -62,6 +62,12 @@ def _variant_bundle(bundle: Bundle, height: int, width: int, log: Callable[[str]
         outputs=tuple((bundle.manifest.get("graph") or {}).get("outputs") or ()) or None,
         normalize_embedding=bool(((bundle.manifest.get("graph") or {}).get("output_details") or {}).get("embedding", {}).get("l2_normalized")),
     )
+    contract = bundle.variable_size
+    if contract:  # a variable-size bundle's variant is the same two-input graph with another canvas
+        from dataclasses import replace
+
+        options = replace(options, resolution=None, variable_size=True, canvas=(height, width),
+                          variable_policy=contract.get("host_policy", "fit-within"), outputs=None, normalize_embedding=False)
     log(f"exporting a {height}x{width} variant of {bundle.root.name} (position table re-interpolated)")
     variant = export(source, root, options)
     variant.manifest["variant_of"] = parent_sha

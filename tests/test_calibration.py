@@ -204,10 +204,10 @@ def test_unreadable_folder(digits_bundle, copy_bundle, tmp_path: Path, monkeypat
     _png(folder / "a.png", 10)
     folder.chmod(0)
     if os.geteuid() == 0:  # root reads any folder: deny it the way the permission check sees it
-        import vitdeploy.calibration.sources as sources
+        import vitdeploy.data as data  # the folder walker calibration reads through
 
         real_access = os.access
-        monkeypatch.setattr(sources.os, "access", lambda p, mode: False if Path(p) == folder else real_access(p, mode))
+        monkeypatch.setattr(data.os, "access", lambda p, mode: False if Path(p) == folder else real_access(p, mode))
     try:
         _bad(digits_bundle, copy_bundle, tmp_path, ["--data", str(folder)], "not readable")
     finally:

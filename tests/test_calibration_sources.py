@@ -78,3 +78,18 @@ def test_no_default_data_outside_digits(digits_bundle) -> None:
     with pytest.raises(UserError, match="no calibration data"):
         open_source(None, Bundle(digits_bundle.root, other))
     assert open_source(None, digits_bundle).name == "digits:train"
+
+
+def test_npz_source_and_the_shared_subset_rule(digits_bundle, tmp_path: Path) -> None:
+    """Calibration reads through vitdeploy.data: the seeded subset `evaluate` and `check` take, and a
+    .npz of images (labels are not needed) at the model's size."""
+    from vitdeploy.builtin.digits import load_digits_split
+    from vitdeploy.data import subset_indices
+
+    images, _labels = load_digits_split("train")
+    subset = open_source("digits:train", digits_bundle, samples=100)
+    assert np.array_equal(subset.images, images[subset_indices(len(images), 100)])
+    np.savez(tmp_path / "c.npz", images=images[:40])
+    source = open_source(str(tmp_path / "c.npz"), digits_bundle, samples=30)
+    assert source.kind == "npz" and len(source) == 30 and source.available == 40
+    assert np.array_equal(source.images, images[:40][subset_indices(40, 30)]) and source.record()["subset_seed"] == 0

@@ -111,3 +111,27 @@ def test_bare_onnx_and_unmatched_graphs_are_refused_in_one_line(digits_bundle, t
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "bundle folder" in res.output
     res = CliRunner().invoke(main, ["convert", str(digits_bundle.root)])
     assert res.exit_code == 1 and "give one of --precision fp16 or --target cpu" in res.output
+
+
+def test_check_scores_the_fused_graph_against_pytorch_and_reexport_keeps_it(digits_bundle, copy_bundle):
+    """`check` gates model.cpu.onnx like the fp32 graph (it is what the CPU runtime runs), and a
+    re-export that writes the same fp32 graph keeps it (a changed graph drops it)."""
+    from vitdeploy.checks.run import CheckOptions, run_check
+
+    path = copy_bundle(digits_bundle)
+    assert _convert(path)[0] == 0
+    report = run_check(path, CheckOptions(random_count=8, limit=64, write_report=False))
+    fused = [a for a in report["artifacts"] if a["precision"] == "cpu"]
+    assert len(fused) == 1 and fused[0]["gated"] and fused[0]["passed"], fused
+    assert fused[0]["file"] == "model.cpu.onnx" and fused[0]["execution"] == "onnxruntime (fused attention)"
+    real = next(row for row in fused[0]["sets"] if row.get("accuracy") is not None)
+    assert real["accuracy"] == report["reference"]["accuracy"][real["set"]]  # same top-1 as PyTorch on real digits
+    assert report["passed"], report["failures"]
+
+    res = CliRunner().invoke(main, ["export", "builtin:digits", "-o", str(path), "--check-images", "4"])
+    assert res.exit_code == 0, res.output
+    assert Bundle.open(path).artifact_record("cpu")["file"] == "model.cpu.onnx" and (path / "model.cpu.onnx").is_file()
+    res = CliRunner().invoke(main, ["export", "builtin:digits", "-o", str(path), "--resolution", "40", "--check-images", "4"])
+    assert res.exit_code == 0, res.output
+    assert "dropped" in res.output and "cpu" in res.output
+    assert "cpu" not in Bundle.open(path).manifest.get("artifacts", {}) and not (path / "model.cpu.onnx").exists()

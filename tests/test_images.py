@@ -1,4 +1,4 @@
-"""vitdeploy.images: decoding (EXIF, colour modes, bad files), the host resize rule, image folders."""
+"""vitdeploy.images: decoding (EXIF, colour modes, bad files), the host resize rule (folders: tests/test_data.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from synthetic_bundle import half_red
 from vitdeploy.errors import ConfigError, UserError
 from vitdeploy.images import (
     decode_image,
-    load_image_folder,
     load_images,
     model_input_size,
     resize_for_model,
@@ -182,21 +181,3 @@ def test_load_images_resizes_and_orders_channels(tmp_path):
     assert batch[0, 2, 8].tolist() == [255, 0, 0] and batch[0, 13, 8].tolist() == [0, 0, 0]
     bgr = load_images([tmp_path / "b.png"], dict(pre, channel_order="bgr"), (16, 16))
     assert bgr[0, 5, 5].tolist() == [255, 0, 0]  # blue pixel, BGR order
-
-
-def test_load_image_folder(tmp_path):
-    for cls, names in {"cat": ["1.jpg", "2.PNG"], "dog": ["x.png"], ".hidden": ["y.png"]}.items():
-        (tmp_path / cls).mkdir()
-        for name in names:
-            Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / cls / name, format="PNG")
-    (tmp_path / "cat" / "readme.txt").write_text("not an image")
-    folder = load_image_folder(tmp_path)
-    assert folder.classes == ["cat", "dog"]
-    assert [p.name for p in folder.paths] == ["1.jpg", "2.PNG", "x.png"]
-    assert folder.labels == [0, 0, 1]
-    with pytest.raises(UserError, match="does not exist"):
-        load_image_folder(tmp_path / "nope")
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "none").mkdir()
-    with pytest.raises(UserError, match="no images"):
-        load_image_folder(tmp_path / "empty")

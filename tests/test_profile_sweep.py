@@ -63,10 +63,11 @@ def tiny_bundle(tiny_weights: Path) -> Path:
 
 
 def test_cli_sweep_writes_schema_and_matches_the_cost_model(tiny_bundle: Path):
-    res = CliRunner().invoke(main, ["profile", str(tiny_bundle), "--resolutions", "32,48", "--batch", "1,2",
-                                    "--precision", "fp32,int8", "--backend", "ort", *FAST])
+    # a fixed width: the header words are asserted, and a narrower console (a pytest-xdist worker's) wraps them
+    res = CliRunner(env={"COLUMNS": "160"}).invoke(main, ["profile", str(tiny_bundle), "--resolutions", "32,48", "--batch", "1,2",
+                                                          "--precision", "fp32,int8", "--backend", "ort", *FAST])
     assert res.exit_code == 0, res.output
-    assert "p50 ms" in res.output and "GEMM peak" in res.output
+    assert "p50 ms" in res.output and "GEMM peak" in res.output, res.output
     reports = tiny_bundle / "reports"
 
     with open(reports / "profile.csv", newline="") as fh:

@@ -222,16 +222,7 @@ def test_triton_config_declares_both_inputs(digits_variable, tmp_path):
     assert declared == [("images", "TYPE_UINT8", [48, 48, 3]), ("valid_hw", "TYPE_INT32", [2])]
 
 
-@pytest.mark.parametrize("argv", [["convert", "{b}", "--precision", "fp16"], ["calibrate", "{b}"], ["profile", "{b}"],
-                                  ["build-engine", "{b}", "--dry-run"]])
-def test_steps_without_two_input_support_refuse_in_one_line(argv, digits_variable):
-    from click.testing import CliRunner
-
-    from vitdeploy.cli import main
-
-    result = CliRunner().invoke(main, [a.format(b=digits_variable.root) for a in argv])
-    assert result.exit_code == 1
-    assert "variable-size bundle" in result.output and result.output.strip().count("\n") == 0
+# build-engine and profile take variable-size bundles: tests/test_variable_engine_profile.py; fp16/int8: test_variable_precision.py
 
 
 def test_canvas_without_variable_size_is_refused(export_cached):

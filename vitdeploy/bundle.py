@@ -90,14 +90,6 @@ class Bundle:
         """The (images, valid_hw) contract of a --variable-size bundle; None for single-size graphs."""
         return self.manifest["preprocessing"].get("variable_size")
 
-    def refuse_variable_size(self, step: str) -> None:
-        """One line for the steps that do not take two-input (images, valid_hw) graphs yet."""
-        if self.variable_size:
-            raise UserError(
-                f"{self.root} is a variable-size bundle (images + valid_hw): {step} does not take two-input graphs yet; "
-                "`check`, `predict`, `triton-repo` and the Python Classifier do"
-            )
-
     @property
     def resolution(self) -> dict[str, Any]:
         return self.manifest["resolution"]

@@ -8,14 +8,13 @@ which is the rule the model was validated with (timm's crop_pct + interpolation,
 do_resize/size/resample). Resizing uses Pillow, as timm's and Hugging Face's eval transforms do on
 PIL images, so the host produces the pixels those pipelines produce.
 
-``load_image_folder`` reads the ``DIR/<class>/*.jpg`` layout that ``check`` and ``calibrate`` use.
+Data sources on disk (folders, .npz/.npy, the digits split) are read by :mod:`vitdeploy.data`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -200,34 +199,3 @@ def load_images(paths: Sequence[str | os.PathLike], preprocessing: dict[str, Any
     for i, path in enumerate(paths):
         out[i] = resize_for_model(decode_image(path), preprocessing, size)
     return to_channel_order(out, preprocessing)
-
-
-# -- labelled folders -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ImageFolder:
-    """``DIR/<class>/<image>`` files: paths, class index per path, class names (sorted)."""
-
-    paths: list[Path]
-    labels: list[int]
-    classes: list[str]
-
-
-def load_image_folder(root: str | os.PathLike) -> ImageFolder:
-    """List ``root/<class>/*.{jpg,png,...}``; classes are the sub-folder names, sorted."""
-    root = Path(root)
-    if not root.is_dir():
-        raise UserError(f"image folder {root} does not exist; expected DIR/<class>/<image> files")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise UserError(f"image folder {root} has no class sub-folders; expected DIR/<class>/<image> files")
-    paths: list[Path] = []
-    labels: list[int] = []
-    for index, name in enumerate(classes):
-        files = sorted(
-            p for p in (root / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")
-        )
-        paths.extend(files)
-        labels.extend([index] * len(files))
-    if not paths:
-        raise UserError(f"image folder {root} has class folders but no images ({', '.join(IMAGE_SUFFIXES)})")
-    return ImageFolder(paths=paths, labels=labels, classes=classes)

@@ -15,7 +15,7 @@ No torch here: this runs on the device.
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -99,3 +99,48 @@ def pad_to_canvas(images: Sequence[np.ndarray], canvas: Sequence[int], fill: int
 def contract_of(preprocessing: dict) -> Any:
     """The manifest's variable-size contract, or None for single-size graphs."""
     return preprocessing.get("variable_size")
+
+
+def mixed_sizes(canvas: Sequence[int], patch: Sequence[int], native: Sequence[int], count: int, seed: int = 0) -> List[Tuple[int, int]]:
+    """Seeded whole-patch sizes spanning the canvas: the canvas itself, the smallest (one patch),
+    portrait and landscape extremes, the native size where it fits, then random sizes."""
+    grid_h, grid_w = int(canvas[0]) // int(patch[0]), int(canvas[1]) // int(patch[1])
+    fixed = [(grid_h, grid_w), (1, 1), (grid_h, max(1, grid_w // 3)), (max(1, grid_h // 3), grid_w)]
+    if native[0] <= canvas[0] and native[1] <= canvas[1]:
+        fixed.append((int(native[0]) // int(patch[0]), int(native[1]) // int(patch[1])))
+    rng = np.random.default_rng(seed)
+    while len(fixed) < count:
+        fixed.append((int(rng.integers(1, grid_h + 1)), int(rng.integers(1, grid_w + 1))))
+    return [(gh * int(patch[0]), gw * int(patch[1])) for gh, gw in fixed[:count]]
+
+
+def padded_batch(crops: Sequence[np.ndarray], canvas: Sequence[int], seed: int = 1) -> Tuple[np.ndarray, np.ndarray]:
+    """Crops placed top-left in canvases whose padding holds seeded noise (the graph must ignore it)."""
+    rng = np.random.default_rng(seed)
+    batch = rng.integers(0, 256, (len(crops), int(canvas[0]), int(canvas[1]), 3), dtype=np.uint8)
+    valid = np.zeros((len(crops), 2), dtype=np.int32)
+    for i, crop in enumerate(crops):
+        h, w = crop.shape[:2]
+        batch[i, :h, :w] = crop
+        valid[i] = (h, w)
+    return batch, valid
+
+
+def edge_valid_hw(canvas: Sequence[int], patch: Sequence[int]) -> np.ndarray:
+    """valid_hw rows at and beyond the edges of the declared rule: one patch, the full canvas, and
+    what the graph clamps (zero, negative, larger than the canvas, int32 extremes). No row may give NaN."""
+    ch, cw, ph, pw = int(canvas[0]), int(canvas[1]), int(patch[0]), int(patch[1])
+    return np.array([[ph, pw], [ch, cw], [0, 0], [-5, 3], [ch * 10, cw * 10], [2**31 - 1, -(2**31)]], dtype=np.int32)
+
+
+def run_padded_graph(session: Any, images: np.ndarray, valid_hw: np.ndarray, outputs: Sequence[str] | None = None,
+                     batch: int | None = None) -> Dict[str, np.ndarray]:
+    """A two-input (images, valid_hw) ONNX Runtime session over ``images`` in chunks of ``batch``
+    (all at once when None; 1 runs each image alone). Returns the named outputs (default: all)."""
+    names = list(outputs) if outputs else [o.name for o in session.get_outputs()]
+    step = int(batch) if batch else max(1, len(images))
+    parts: List[List[np.ndarray]] = []
+    for start in range(0, len(images), step):
+        feeds = {"images": images[start:start + step], VALID_INPUT: np.asarray(valid_hw[start:start + step], dtype=np.int32)}
+        parts.append(session.run(names, feeds))
+    return {name: np.concatenate([p[i] for p in parts]).astype(np.float32) for i, name in enumerate(names)}

@@ -1,16 +1,15 @@
 """What `check` feeds an artifact: seeded random uint8 images at every declared size, and real
-labelled images (the bundled digits split, an image folder, or a .npy array)."""
+images through :mod:`vitdeploy.data` (the bundled digits split, DIR/<class>/<image>, a .npz with
+labels, or a .npy array at the input contract)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..bundle import Bundle
-from ..errors import UserError
 from ..preprocess import random_images
 
 
@@ -46,63 +45,15 @@ def random_sets(bundle: Bundle, count: int, seed: int) -> list[EvalSet]:
                     {"seed": seed + i, "height": h, "width": w}) for i, (h, w) in enumerate(sizes)]
 
 
-def default_data(bundle: Bundle) -> str | None:
-    """The bundled model's own held-out split; other sources need --data."""
-    source = bundle.manifest.get("source", {})
-    if source.get("kind") == "builtin" and source.get("name") == "digits":
-        return "digits:test"
-    return None
-
-
 def real_set(bundle: Bundle, data: str, limit: int | None = None) -> EvalSet:
-    """Labelled real images at the artifact's input size, in its channel order."""
+    """Real images at the artifact's input size, in its channel order, with labels where the source
+    has them: read by :func:`vitdeploy.data.open_labelled` (``evaluate``'s and ``calibrate``'s
+    loader), so ``limit`` is its seeded subset and the record is its record."""
+    from ..data import open_labelled
+    from ..images import to_channel_order
+
     pre = bundle.preprocessing
     size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
-    if data.startswith("digits:"):
-        from ..builtin import get_builtin
-
-        images, labels = get_builtin("digits").load_split(data.split(":", 1)[1])
-        if tuple(images.shape[1:3]) != tuple(size):
-            from ..images import resize_for_model
-
-            images = np.stack([resize_for_model(img, pre, size) for img in images])
-        if pre.get("channel_order") == "bgr":
-            images = np.ascontiguousarray(images[..., ::-1])
-        labels_out: np.ndarray | None = labels.astype(np.int64)
-        meta: dict[str, Any] = {"source": data}
-    else:
-        path = Path(data)
-        if path.suffix == ".npy":
-            try:
-                images = np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise UserError(f"cannot read {path} as a .npy array ({exc})") from None
-            if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
-                raise UserError(f"{path} holds {images.dtype} {list(images.shape)}; expected uint8 [N,H,W,3] in the artifact's channel order")
-            labels_out, meta = None, {"source": str(path)}
-        elif path.is_dir():
-            from ..images import load_image_folder, load_images
-
-            folder = load_image_folder(path)
-            names = bundle.labels
-            missing = [c for c in folder.classes if c not in names]
-            if missing:
-                raise UserError(f"class folders {', '.join(missing[:5])} in {path} are not labels of this model; "
-                                "name each sub-folder after a label in labels.txt")
-            images = load_images(folder.paths, pre, size)
-            labels_out = np.array([names.index(folder.classes[i]) for i in folder.labels], dtype=np.int64)
-            meta = {"source": str(path), "classes": folder.classes}
-        else:
-            raise UserError(f"--data {data!r} is neither digits:test|train, a folder DIR/<class>/<image>, nor a .npy array")
-    if limit:
-        images = images[:limit]
-        labels_out = labels_out[:limit] if labels_out is not None else None
-    meta["count"] = int(len(images))
-    meta["sha256"] = _array_sha(images)
-    return EvalSet(data, images, labels_out, True, meta)
-
-
-def _array_sha(images: np.ndarray) -> str:
-    import hashlib
-
-    return hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()
+    # check has no --skip-unreadable: an undecodable file is an error naming it
+    loaded = open_labelled(data, size, pre, bundle.labels or None, limit, need_labels=False, skip_flag=None)
+    return EvalSet(data, to_channel_order(loaded.images, pre), loaded.labels, True, loaded.record())

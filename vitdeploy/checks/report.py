@@ -14,7 +14,7 @@ def print_report(report: dict[str, Any]) -> None:
     if report.get("kind") == "variable-size":
         from .variable import print_variable_report
 
-        print_variable_report(report, console.print)
+        print_variable_report(report, lambda line: console.print(line, markup=False, highlight=False))
         return
     table = Table(title=f"vitdeploy check: {report['bundle']}")
     for col in ("graph", "execution", "inputs", "output", "max |d|", "max rel", "worst cos", "cos p1", "top-1 agr", "top-5 agr", "accuracy", "drop", "verdict"):

@@ -15,7 +15,8 @@ from ..bundle import Bundle
 from ..compare import Gate, accuracy, compare_outputs
 from ..errors import UserError
 from ..fileio import atomic_write_json
-from .inputs import EvalSet, default_data, random_sets, real_set
+from ..data import default_data
+from .inputs import EvalSet, random_sets, real_set
 from .localise import localise
 from .protocol import protocol_evidence
 
@@ -46,10 +47,18 @@ def _executions(bundle: Bundle, precision: str) -> list[tuple[str, str, bool]]:
     TensorRT computes) and as this CPU executes it (ORT fuses Q/DQ into integer kernels, which
     saturate on AVX2 CPUs without VNNI). Only the one matching the graph's target is gated.
     """
+    if precision == "cpu":
+        return [("onnxruntime (fused attention)", "all", True)]
     if precision != "int8":
         return [("onnxruntime", "all", True)]
     target = bundle.artifact_record("int8").get("target", "tensorrt")
     return [("reference (fake-quant)", "basic", target != "cpu"), ("this CPU (int8 kernels)", "all", target == "cpu")]
+
+
+def _cpu_graph(bundle: Bundle) -> list[str]:
+    """["cpu"] when the bundle holds the fused CPU graph (`convert --target cpu`): scored by default."""
+    record = bundle.manifest.get("artifacts", {}).get("cpu") if bundle.bare_onnx is None else None
+    return ["cpu"] if record and (bundle.root / record["file"]).is_file() else []
 
 
 def run_check(path: str | Path, options: CheckOptions | None = None, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
@@ -61,7 +70,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
         from .variable import check_variable
 
         return check_variable(bundle, opts, log)
-    precisions = list(opts.precisions or bundle.precisions())
+    precisions = list(opts.precisions or bundle.precisions() + _cpu_graph(bundle))
     for p in precisions:
         bundle.artifact_path(p)  # one clear line for a graph the bundle lacks
 
@@ -84,10 +93,13 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     artifacts, failures = [], []
     for precision in precisions:
         graph = bundle.artifact_path(precision)
-        placement = _placement(bundle, precision) if precision != "fp32" else None
+        placement = _placement(bundle, precision) if precision not in ("fp32", "cpu") else None
+        # the fused CPU graph (model.cpu.onnx) computes in fp32: the fp32 gates, against PyTorch as well
+        computes_in = "fp32" if precision == "cpu" else precision
         for execution, level, gated in _executions(bundle, precision):
-            runner = OrtRunner(graph, precision=precision, optimization=level, threads=opts.threads)
-            entry = _score(precision, execution, runner, sets, ref_out, ref_acc, opts, gated)
+            runner = OrtRunner(graph, precision=computes_in, optimization=level, threads=opts.threads)
+            entry = _score(computes_in, execution, runner, sets, ref_out, ref_acc, opts, gated)
+            entry["precision"] = precision
             entry.update({"file": graph.name, "sha256": bundle.artifact_record(precision).get("sha256"),
                           "providers": runner.info.details.get("providers"), "optimization": level})
             entry["batch_consistency"] = _batch_consistency(runner, sets[0].images[:4])
@@ -97,7 +109,8 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
                     entry["failed_gates"].extend(f"precision policy: {v}" for v in placement["violations"])
                     entry["passed"] = False
             want_localise = opts.localise == "always" or (opts.localise == "on-failure" and not entry["passed"])
-            if want_localise and gated:
+            # the fused graph's attention is one node per block: no taps inside it to localise against
+            if want_localise and gated and precision != "cpu":
                 limit = 0.9999 if precision == "fp32" else opts.cosine_min
                 probe = next((s for s in sets if s.real), sets[0]).images[:8]
                 entry["localisation"] = localise(reference, graph, bundle.manifest.get("graph", {}).get("module_outputs", {}),

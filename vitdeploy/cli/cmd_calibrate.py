@@ -12,7 +12,7 @@ from .common import command, echo_json, split_csv
 @command("calibrate")
 @click.argument("bundle", type=click.Path(exists=True))
 @click.option("--data", default=None,
-              help="Calibration images: a folder (any sizes, resized by the model's rule), a uint8 [N,H,W,3] .npy, "
+              help="Calibration images: a folder (any sizes, resized by the model's rule), a uint8 [N,H,W,3] .npy at the input size, a .npz (its images), "
                    "or digits:train (the default for the builtin digits bundle).")
 @click.option("--method", type=click.Choice(["entropy", "minmax", "percentile"]), default=None,
               help="How activation ranges are chosen from the calibration data. Default: entropy, and when held-out data "
@@ -29,8 +29,8 @@ from .common import command, echo_json, split_csv
 @click.option("--target", type=click.Choice(["tensorrt", "cpu"]), default="tensorrt", show_default=True,
               help="tensorrt: symmetric S8S8 Q/DQ; cpu: U8S8 with 7-bit weights, which ORT's CPU int8 kernels run without saturating.")
 @click.option("--eval-data", default=None,
-              help="Labelled held-out images for the accuracy gate: DIR/<class>/<image> or digits:test (the default for the digits bundle).")
-@click.option("--eval-limit", type=click.IntRange(min=1), default=None, help="Use at most this many held-out images.")
+              help="Labelled held-out images for the accuracy gate: DIR/<class>/<image>, a .npz with images + labels, or digits:test (the default for the digits bundle).")
+@click.option("--eval-limit", type=click.IntRange(min=1), default=None, help="Use at most this many held-out images (a seeded random subset).")
 @click.option("--max-drop", type=float, default=1.0, show_default=True, help="Gate: largest accuracy drop against fp32, in points.")
 @click.option("--min-agreement", type=float, default=0.99, show_default=True, help="Gate: smallest top-1 agreement with fp32 (0..1).")
 @click.option("--min-cosine", type=float, default=0.99, show_default=True,
@@ -125,6 +125,12 @@ def _summary(record: dict[str, Any]) -> str:
                      f"worst cosine {ev['reference']['cosine_min']:.4f}; "
                      f"int8 on this CPU {acc(ev['this_cpu']['accuracy'])}, agreement {ev['this_cpu']['top1_agreement']:.2%}, "
                      f"worst cosine {ev['this_cpu']['cosine_min']:.4f}")
+    variable = cal.get("variable_size")
+    if variable:  # a two-input (images, valid_hw) bundle
+        lines.append(f"variable size: calibrated on (images, valid_hw) pairs at {variable['distinct_sizes']} sizes "
+                     f"({variable['smallest'][0]}x{variable['smallest'][1]} to {variable['largest'][0]}x{variable['largest'][1]}); "
+                     "scored as rows of padded mixed-size batches vs each image alone through fp32; the valid_hw mask path "
+                     "has no Q/DQ; edge valid_hw rows give finite outputs")
     selection = record.get("selection") or {}
     if selection.get("mode") in ("sweep", "ladder") and len(selection["candidates"]) > 1:
         chosen = selection["chosen"]

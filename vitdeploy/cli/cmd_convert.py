@@ -59,3 +59,8 @@ def command(bundle, precision, target, keep_fp32, as_json):
     click.echo(f"wrote {path.name}: fp32 kept for {', '.join(record['kept_fp32_op_types'])} and "
                f"{record['preprocessing_nodes_fp32']} preprocessing nodes; seeded-image check: max |dlogit| "
                f"{sanity.get('max_abs_logit_diff', float('nan')):.2e}, top-1 agreement {sanity.get('top1_agreement', float('nan')):.0%}")
+    mask = record.get("mask_path")
+    if mask:  # a variable-size (images, valid_hw) graph
+        click.echo(f"variable size: the {mask['mask_path_nodes']} nodes computed from valid_hw (masks, key bias, per-sample position "
+                   f"tables) and their {mask['joins']} joins with the image stream kept in fp32; seeded mixed sizes in one padded "
+                   "batch vs each image alone through fp32 within the fp16 gate; edge valid_hw rows finite")

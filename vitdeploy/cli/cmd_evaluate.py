@@ -33,7 +33,7 @@ _FILLS = ("mean", "gray", "black", "white", "border")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="A seeded random subset of this many images.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads per scorer (ONNX Runtime, PyTorch); with fewer than the CPUs, scorers run side by side "
-                   "(--threads 1 on 2 cores: two at once) [default: every CPU, one scorer at a time].")
+                   "(--threads 1 on 2 cores: two at once) [default: the CPUs shared out over the scorers, at least one each].")
 @click.option("--no-reference", is_flag=True, help="Do not rebuild the PyTorch reference (graphs only).")
 @click.option("--skip-unreadable", is_flag=True, help="Leave out images that cannot be decoded (counted and named in the report) "
               "instead of stopping.")

@@ -14,6 +14,9 @@ from ..remote.cli import on_device
 @on_device(outputs=("out_dir",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
 @click.argument("bundle")
 @click.option("--resolutions", default=None, help="Comma-separated N or HxW (default: the bundle's native size).")
+@click.option("--fill", "fills", default=None, metavar="F1,F2",
+              help="Variable-size bundles: comma-separated fill ratios in (0, 1], mean valid area / canvas area, one cell each "
+                   "[default: 1.0,0.5,0.25]; sizes drawn by a declared seeded rule (whole patches, every aspect ratio that fits).")
 @click.option("--batch", "batches", default="1", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--precision", "precisions", default=None, help="Comma-separated fp32, fp16, int8 (default: every graph in the bundle).")
 @click.option("--backend", "backends", default="ort", show_default=True, help="Comma-separated ort, torch, tensorrt.")
@@ -39,7 +42,7 @@ from ..remote.cli import on_device
               help="Also score each (backend, precision, resolution) on labelled data (digits:test, DIR/<class>/<image>, .npz): "
                    "accuracy columns and reports/profile_accuracy.png (accuracy against latency).")
 @click.option("--wide", is_flag=True, help="Every column and every cell in the table (default: fits 120 columns, skipped cells in one line).")
-def command(bundle, resolutions, batches, precisions, backends, iterations, duration, rounds, warmup, threads, pin, device, torch_modes,
+def command(bundle, resolutions, fills, batches, precisions, backends, iterations, duration, rounds, warmup, threads, pin, device, torch_modes,
             cv_threshold, out_dir, no_plot, as_json, plain_graph, wide, accuracy_data):
     """Latency and throughput across resolutions, batch sizes, precisions and backends, beside the cost model.
 
@@ -56,6 +59,10 @@ def command(bundle, resolutions, batches, precisions, backends, iterations, dura
     device, inference_mode, and on a GPU CUDA-graph replay (or torch.compile), with device time from
     CUDA events beside the host p50 and the device memory the cell held.
 
+    A variable-size bundle (export --variable-size) is profiled by canvas (--resolutions, default its
+    own; others are re-exported) and fill ratio (--fill): each cell feeds the canvas with valid_hw
+    sizes drawn for its fill; the reports gain canvas, fill and fill_actual columns.
+
     \b
     Example:
       vitdeploy profile digits-bundle
@@ -64,13 +71,17 @@ def command(bundle, resolutions, batches, precisions, backends, iterations, dura
       vitdeploy profile vits --resolutions 224x320 --iterations 200 --threads 4 --pin --json
       vitdeploy profile digits-bundle --resolutions 24,32,48 --precision fp32,int8 --accuracy digits:test
       vitdeploy profile vitb --backend torch --device cuda --precision fp16 --batch 1,8,64 --torch-mode eager,cuda-graph,compile
+      vitdeploy profile digits-variable --fill 1.0,0.5,0.25 --batch 1,8 --backend ort,torch
     """
     from ..console import get_console
     from ..profile import SweepConfig, profile_bundle
     from ..profile.report import render_table, to_json
 
+    from ..profile.variable import parse_fills
+
     config = SweepConfig(
         resolutions=[parse_resolution(r) for r in split_csv(resolutions)] or None,
+        fills=parse_fills(split_csv(fills)) if fills is not None else None,
         batches=parse_int_list(batches, "--batch"),
         precisions=split_csv(precisions) or None,
         backends=split_csv(backends),

@@ -151,9 +151,9 @@ def recipe(plan: EnginePlan, caps: Capabilities) -> BuildRecipe:
         if plan.gpu_fallback:
             steps.append(Step("set_flag", (Ref("BuilderFlag.GPU_FALLBACK"),)))
 
-    layout = plan.layout
+    # one set_shape per graph input per profile: the images and, for variable-size bundles, valid_hw [B, 2]
     profiles = tuple(
-        {plan.input_name: tuple(p.shapes(layout)[k] for k in ("min", "opt", "max"))}  # type: ignore[misc]
+        {name: tuple(s[k] for k in ("min", "opt", "max")) for name, s in plan.input_shapes(p).items()}  # type: ignore[misc]
         for p in plan.profiles
     )
     calibrator = plan.precision_path == PATH_LEGACY and plan.precision == "int8"
@@ -206,6 +206,20 @@ def create_builder(trt: ModuleType, logger: Any) -> Any:
         ) from None
 
 
+def add_profiles(builder: Any, config: Any, rec: BuildRecipe) -> list[Any]:
+    """One optimisation profile per recipe profile, with ``set_shape(name, min, opt, max)`` for every
+    graph input (images, and valid_hw for variable-size graphs), added to ``config``; returns them.
+    TensorRT rejects a build whose profiles leave a dynamic input unshaped, so every input is set."""
+    made = []
+    for shapes in rec.profiles:
+        profile = _api(builder, "Builder.create_optimization_profile")()
+        for name, (lo, opt, hi) in shapes.items():
+            _api(profile, "IOptimizationProfile.set_shape")(name, lo, opt, hi)
+        _api(config, "IBuilderConfig.add_optimization_profile")(profile)
+        made.append(profile)
+    return made
+
+
 @dataclass
 class BuildResult:
     plan_bytes: bytes
@@ -239,11 +253,7 @@ def build(
 
     config = _api(builder, "Builder.create_builder_config")()
     apply_config(trt, config, rec.config_steps)
-    for shapes in rec.profiles:
-        profile = _api(builder, "Builder.create_optimization_profile")()
-        for name, (lo, opt, hi) in shapes.items():
-            _api(profile, "IOptimizationProfile.set_shape")(name, lo, opt, hi)
-        _api(config, "IBuilderConfig.add_optimization_profile")(profile)
+    add_profiles(builder, config, rec)
 
     calibrator = None
     if rec.calibrator:

@@ -53,6 +53,8 @@ class NodeVerdict:
     dtype: str
     macs: int | None
     reasons: list[tuple[str, str]] = field(default_factory=list)  # (rule, detail)
+    # "mask": computed from the inputs beside the images alone (valid_hw: grids, masks, position weights)
+    path: str = "main"
 
 
 @dataclass
@@ -63,6 +65,7 @@ class DlaReport:
     static_shapes: bool
     nodes: list[NodeVerdict]
     rules_source: str = RULES_SOURCE
+    other_inputs: list[str] = field(default_factory=list)  # inputs beside the images (valid_hw)
 
     @property
     def counted(self) -> list[NodeVerdict]:
@@ -80,11 +83,11 @@ class DlaReport:
     def gpu_share(self) -> float:
         return self.macs_gpu / self.macs_total if self.macs_total else 0.0
 
-    def by_rule(self) -> list[dict[str, Any]]:
-        """Fallback grouped by rule, largest multiply-add share first."""
+    def by_rule(self, path: str | None = None) -> list[dict[str, Any]]:
+        """Fallback grouped by rule, largest multiply-add share first (``path="mask"``: the mask path only)."""
         groups: dict[str, dict[str, Any]] = defaultdict(lambda: {"nodes": 0, "macs": 0, "ops": set(), "example": ""})
         for n in self.counted:
-            if n.device != "gpu":
+            if n.device != "gpu" or (path is not None and n.path != path):
                 continue
             for rule, detail in n.reasons:
                 g = groups[rule]
@@ -99,12 +102,30 @@ class DlaReport:
         ]
         return sorted(rows, key=lambda r: (-r["macs"], -r["nodes"], r["rule"]))
 
+    def mask_path(self) -> dict[str, Any]:
+        """The layers computed from the inputs beside the images alone (valid_hw -> patch grids, pixel and
+        key masks, per-image interpolation weights and position tables): where each runs and why."""
+        layers = [n for n in self.counted if n.path == "mask"]
+        gpu = [n for n in layers if n.device == "gpu"]
+        return {
+            "inputs": self.other_inputs,
+            "layers": len(layers),
+            "dla": len(layers) - len(gpu),
+            "gpu": len(gpu),
+            "macs": sum(n.macs or 0 for n in layers),
+            "macs_share": (sum(n.macs or 0 for n in layers) / self.macs_total) if self.macs_total else 0.0,
+            "ops": sorted({n.op_type for n in layers}),
+            "fallback": self.by_rule("mask"),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         counts: dict[str, int] = defaultdict(int)
         for n in self.nodes:
             counts[n.device] += 1
         unknown = [n.name for n in self.counted if n.op_type in _MAC_OPS and n.macs is None]
+        extra = {"other_inputs": self.other_inputs, "mask_path": self.mask_path()} if self.other_inputs else {}
         return {
+            **extra,
             "graph": self.graph,
             "precision": self.precision,
             "input_shape": self.input_shape,
@@ -130,6 +151,14 @@ class DlaReport:
         ]
         for row in d["fallback"][:8]:
             lines.append(f"  - {row['rule']}: {row['nodes']} nodes, {100 * row['macs_share']:.1f}% of MACs ({', '.join(row['ops'])}); e.g. {row['example']}")
+        if self.other_inputs:
+            mask = d["mask_path"]
+            lines.append(
+                f"  mask path (computed from {', '.join(self.other_inputs)} alone): {mask['layers']} layers, {mask['dla']} DLA-capable, "
+                f"{mask['gpu']} on the GPU, {100 * mask['macs_share']:.1f}% of MACs ({', '.join(mask['ops'])})"
+            )
+            for row in mask["fallback"][:6]:
+                lines.append(f"    - {row['rule']}: {row['nodes']} nodes ({', '.join(row['ops'])}); e.g. {row['example']}")
         if d["macs_unknown_nodes"]:
             lines.append(
                 f"  ({len(d['macs_unknown_nodes'])} matmul/conv nodes had unresolved shapes and are not counted; "
@@ -168,8 +197,12 @@ def analyse(
     precision: str,
     static_shapes: bool = True,
     flags_lower_fp32: bool = False,
+    other_inputs: dict[str, tuple[int, ...]] | None = None,
 ) -> DlaReport:
-    """Report for ``graph`` fed ``input_shape``; ``flags_lower_fp32``: legacy FP16/INT8 flags make fp32 layers eligible."""
+    """Report for ``graph`` fed ``input_shape``; ``flags_lower_fp32``: legacy FP16/INT8 flags make fp32 layers eligible.
+
+    ``other_inputs``: the shapes of the inputs beside the images (a variable-size graph's valid_hw
+    [B, 2]); the layers computed from those inputs alone are the report's mask path."""
     onnx = require("onnx", "the DLA report")
     try:
         model = onnx.load(str(graph))
@@ -177,11 +210,22 @@ def analyse(
         raise UserError(f"{graph} is not a readable ONNX file ({exc.__class__.__name__})") from None
     inits = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in inits]
-    if len(inputs) != 1 or len(inputs[0].type.tensor_type.shape.dim) != len(input_shape):
-        raise UserError(f"{graph}: expected one image input of rank {len(input_shape)}")
-    for dim, size in zip(inputs[0].type.tensor_type.shape.dim, input_shape):
-        dim.Clear()
-        dim.dim_value = int(size)
+    others = {name: tuple(int(d) for d in shape) for name, shape in (other_inputs or {}).items()}
+    images = [v for v in inputs if v.name not in others]
+    if len(images) != 1 or len(images[0].type.tensor_type.shape.dim) != len(input_shape):
+        named = f" beside {', '.join(sorted(others))}" if others else ""
+        raise UserError(f"{graph}: expected one image input of rank {len(input_shape)}{named}, got inputs {[v.name for v in inputs]}")
+    missing = sorted(set(others) - {v.name for v in inputs})
+    if missing:
+        raise UserError(f"{graph} has no input {', '.join(missing)}")
+    concrete = {images[0].name: tuple(int(v) for v in input_shape), **others}
+    for value in inputs:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(concrete[value.name]):
+            raise UserError(f"{graph}: input {value.name!r} has rank {len(dims)}, given shape {list(concrete[value.name])}")
+        for dim, size in zip(dims, concrete[value.name]):
+            dim.Clear()
+            dim.dim_value = int(size)
     # Exporters leave symbolic value_info (e.g. "(s90//16)"); drop it so every shape is recomputed
     # from the concrete input.
     del model.graph.value_info[:]
@@ -200,22 +244,35 @@ def analyse(
     dequantized: set[str] = set()  # activations that come out of a DequantizeLinear (int8 on TensorRT)
     attrs_of = lambda node: {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}  # noqa: E731
     verdicts: list[NodeVerdict] = []
+    # Which tensors the images reach and which the other inputs (valid_hw) reach: a layer reached by
+    # valid_hw but not by the images belongs to the mask path (grids, masks, per-image position tables).
+    from_images: set[str] = {images[0].name}
+    from_others: set[str] = set(others)
     for node in model.graph.node:
         attrs = attrs_of(node)
         outs = [o for o in node.output if o]
         out_type = types.get(outs[0], "unknown") if outs else "unknown"
         acts = [i for i in node.input if i not in constant]
+        by_images = any(i in from_images for i in acts)
+        by_others = any(i in from_others for i in acts)
+        if by_images:
+            from_images.update(outs)
+        if by_others:
+            from_others.update(outs)
+        path = "mask" if by_others and not by_images else "main"
         if node.op_type in _ALWAYS_FOLDED or not acts:
             constant.update(outs)
+            from_images.difference_update(outs)  # static shapes: Shape/Size of an input is a build-time constant
+            from_others.difference_update(outs)
             verdicts.append(NodeVerdict(node.name or outs[0], node.op_type, "folded", out_type, None))
             continue
         if node.op_type in _QDQ:
             if node.op_type == "DequantizeLinear":
                 dequantized.update(outs)
-            verdicts.append(NodeVerdict(node.name or outs[0], node.op_type, "fused", out_type, None))
+            verdicts.append(NodeVerdict(node.name or outs[0], node.op_type, "fused", out_type, None, path=path))
             continue
         if node.op_type in _NO_OPS:
-            verdicts.append(NodeVerdict(node.name or outs[0], node.op_type, "folded", out_type, None))
+            verdicts.append(NodeVerdict(node.name or outs[0], node.op_type, "folded", out_type, None, path=path))
             if any(i in dequantized for i in acts):
                 dequantized.update(outs)
             continue
@@ -243,8 +300,8 @@ def analyse(
         reasons += _op_rules(node, attrs, acts, outs, shapes)
         macs = _macs(node, attrs, shapes)
         unique = list(dict.fromkeys(reasons))
-        verdicts.append(NodeVerdict(node.name or outs[0], node.op_type, "gpu" if unique else "dla", compute, macs, unique))
-    return DlaReport(str(graph), precision, [int(v) for v in input_shape], static_shapes, verdicts)
+        verdicts.append(NodeVerdict(node.name or outs[0], node.op_type, "gpu" if unique else "dla", compute, macs, unique, path))
+    return DlaReport(str(graph), precision, [int(v) for v in input_shape], static_shapes, verdicts, other_inputs=sorted(others))
 
 
 def _unresolved(model: Any) -> int:

@@ -173,6 +173,9 @@ def make_fingerprint(
         "built_on": socket.gethostname(),  # the machine that built it (the device, also when driven with --on HOST)
         "plan": plan.to_dict(),
     }
+    extras = getattr(plan, "extra_inputs", ())
+    if extras:  # variable-size engines: every input, in binding order (images first, then valid_hw)
+        data["inputs"] = [data["input"]] + [{"name": e.name, "dtype": e.dtype, "shape": ["batch"] + list(e.dims)} for e in extras]
     if extra:
         data.update(extra)
     return data

@@ -228,7 +228,43 @@ def lint_model(model: Any, rules: ParserRules, graph_name: str = "graph") -> Lin
             for out in node.output:
                 if out and types.get(out) == uint8 and out not in graph_outputs and op != "Constant":
                     add(node, "UINT8 intermediate tensor", f"{out} is UINT8; UINT8 is allowed only as network input/output")
+    for node, name, operand in shape_operand_uses(model, onnx):
+        add(node, "integer input used as a shape tensor",
+            f"graph input {name} reaches operand {operand} of this {node.op_type}, which TensorRT reads as a shape: {name} would "
+            "become a shape tensor (profiled by value with set_shape_input), not the per-image data vitdeploy's profiles shape")
     return LintReport(graph_name, rules, opset, len(model.graph.node), findings)
+
+
+# Operands TensorRT reads as shapes (shape tensors): index lists per op.
+_SHAPE_OPERANDS = {
+    "Reshape": (1,), "Expand": (1,), "ConstantOfShape": (0,), "Tile": (1,), "Range": (0, 1, 2), "Slice": (1, 2, 3, 4),
+    "Resize": (2, 3), "Upsample": (1,), "Pad": (1, 3), "Squeeze": (1,), "Unsqueeze": (1,), "TopK": (1,), "OneHot": (1,),
+}
+
+
+def shape_operand_uses(model: Any, onnx: Any) -> list[tuple[Any, str, int]]:
+    """(node, graph input, operand index) where data computed from an integer graph input reaches an
+    operand TensorRT reads as a shape. Data flow stops at Shape/Size, whose outputs depend on shapes
+    only. A variable-size graph's valid_hw must never appear here: it is per-image data."""
+    ints = {onnx.TensorProto.INT32, onnx.TensorProto.INT64}
+    inits = {i.name for i in model.graph.initializer}
+    reach: dict[str, str] = {v.name: v.name for v in model.graph.input
+                             if v.name not in inits and v.type.tensor_type.elem_type in ints}
+    uses = []
+    if not reach:
+        return uses
+    for node in model.graph.node:
+        for index in _SHAPE_OPERANDS.get(node.op_type, ()):
+            if index < len(node.input) and node.input[index] in reach:
+                uses.append((node, reach[node.input[index]], index))
+        if node.op_type in ("Shape", "Size"):
+            continue
+        origin = next((reach[i] for i in node.input if i in reach), None)
+        if origin is not None:
+            for out in node.output:
+                if out:
+                    reach[out] = origin
+    return uses
 
 
 def _resize_rules(node: Any, attrs: dict[str, Any], inputs: list[str], consts: dict[str, Any], ranks: dict[str, int],

@@ -312,7 +312,8 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
     random images at every size the bundle is verified at. Raises ``LoweringError`` listing every
     failed gate; returns the record.
     """
-    from ..checks.inputs import default_data, random_sets, real_set
+    from ..checks.inputs import random_sets, real_set
+    from ..data import default_data
     from ..checks.run import CheckOptions
     from ..compare import Gate, accuracy, compare_outputs
     from ..runtime.ort import OrtRunner
@@ -331,9 +332,13 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
     sets += random_sets(bundle, random_count, 0)
     gates: list[Gate] = []
     rows = []
+    run_both = _two_input_runs(ref, low, bundle, names)  # variable-size graphs: (images, valid_hw)
     for s in sets:
-        a = ref.infer_batched(s.images, 16, names)
-        b = low.infer_batched(s.images, 16, names)
+        if run_both is not None:
+            a, b = run_both(s.images)
+        else:
+            a = ref.infer_batched(s.images, 16, names)
+            b = low.infer_batched(s.images, 16, names)
         for name in names:
             if not np.issubdtype(a[name].dtype, np.floating):
                 if not np.array_equal(a[name], b[name]):
@@ -356,6 +361,34 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
         raise LoweringError(f"the lowered {precision} graph differs from the bundle's: {'; '.join(failed)}")
     return {"passed": True, "execution": "onnxruntime, optimisations off", "gates": [g.to_dict() for g in gates], "rows": rows,
             "images": {s.name: int(len(s.images)) for s in sets}}
+
+
+def _two_input_runs(ref: Any, low: Any, bundle: Any, names: tuple[str, ...]) -> Any:
+    """For a variable-size graph, a function images -> (original outputs, lowered outputs) that feeds
+    both graphs the same seeded whole-patch ``valid_hw`` (the canvas, one patch, then random sizes):
+    the mask and the per-image position tables are what the lowering must keep. None for one input."""
+    inputs = [i.name for i in ref.session.get_inputs()]
+    if len(inputs) == 1:
+        return None
+    contract = (bundle.preprocessing.get("variable_size") if bundle is not None else None) or {}
+    if not contract or inputs[1:] != [contract.get("valid_input", "valid_hw")]:
+        raise LoweringError(f"cannot verify a graph with inputs {inputs}: vitdeploy feeds (images) or, for variable-size bundles, (images, valid_hw)")
+    canvas, patch = contract["canvas"], contract["round_to"]
+    grid_h, grid_w = canvas[0] // patch[0], canvas[1] // patch[1]
+
+    def run(images: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        rng = np.random.default_rng(0)
+        grids = rng.integers(1, [grid_h + 1, grid_w + 1], size=(len(images), 2))
+        grids[:2] = [[grid_h, grid_w], [1, 1]][: len(images)]
+        valid = (grids * np.array(patch)).astype(np.int32)
+        outs = []
+        for runner in (ref, low):
+            parts = [runner.session.run(list(names), {inputs[0]: images[i:i + 16], inputs[1]: valid[i:i + 16]})
+                     for i in range(0, len(images), 16)]
+            outs.append({n: np.concatenate([p[k] for p in parts]) for k, n in enumerate(names)})
+        return outs[0], outs[1]
+
+    return run
 
 
 def bundle_graph(bundle: Any, source: Any, precision: str, rules: ParserRules, log: Any = None) -> tuple[Any, dict[str, Any]]:

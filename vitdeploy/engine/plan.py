@@ -149,7 +149,10 @@ def image_input(inputs: list[GraphTensor], channels: int = 3) -> InputLayout:
     if len(inputs) != 1:
         names = ", ".join(i.name for i in inputs) or "none"
         raise UserError(f"the graph has {len(inputs)} inputs ({names}); vitdeploy engines take one image input")
-    tensor = inputs[0]
+    return _image_layout(inputs[0], channels)
+
+
+def _image_layout(tensor: GraphTensor, channels: int) -> InputLayout:
     if len(tensor.shape) != 4:
         raise UserError(f"input {tensor.name!r} has shape {list(tensor.shape)}; expected 4-D images (N,H,W,C or N,C,H,W)")
     if tensor.shape[3] == channels:
@@ -160,6 +163,53 @@ def image_input(inputs: list[GraphTensor], channels: int = 3) -> InputLayout:
         raise UserError(f"input {tensor.name!r} has shape {list(tensor.shape)}: no axis of {channels} channels")
     fixed = {axis: int(dim) for axis, dim in zip(axes, tensor.shape) if isinstance(dim, int) and axis != "C"}
     return InputLayout(tensor.name, tensor.dtype, layout, channels, fixed)
+
+
+@dataclass(frozen=True)
+class BatchedInput:
+    """A per-image input beside the images: [batch, *dims] with fixed ``dims`` and the images' batch
+    axis (a variable-size bundle's ``valid_hw`` int32 [B, 2]). Its profile shapes follow the batch
+    range of each profile, so one set of --batch options shapes every input."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+
+    def shape(self, batch: int) -> tuple[int, ...]:
+        return (int(batch),) + tuple(int(d) for d in self.dims)
+
+
+def graph_inputs(inputs: list[GraphTensor], channels: int = 3, image_name: str = "images") -> tuple[InputLayout, tuple[BatchedInput, ...]]:
+    """The image input and the per-image inputs beside it.
+
+    One input: it is the image input (the single-input contract, as before). Several: the one named
+    ``image_name`` (else the only 4-D input with a ``channels`` axis) holds the images, and every
+    other input must be [batch, fixed dims...] sharing the images' batch axis, which is what an
+    optimisation profile can shape from the batch range alone.
+    """
+    if len(inputs) <= 1:
+        return image_input(inputs, channels), ()
+    named = [t for t in inputs if t.name == image_name]
+    if not named:
+        named = [t for t in inputs if len(t.shape) == 4 and channels in (t.shape[1], t.shape[3])]
+    if len(named) != 1:
+        names = ", ".join(f"{t.name} {list(t.shape)}" for t in inputs)
+        raise UserError(f"the graph has {len(inputs)} inputs ({names}) and no single image input {image_name!r}; "
+                        "vitdeploy engines take one image input plus per-image inputs [batch, ...]")
+    layout = _image_layout(named[0], channels)
+    batch_dim = named[0].shape[0]
+    extras = []
+    for tensor in inputs:
+        if tensor.name == layout.name:
+            continue
+        rest = tensor.shape[1:]
+        if not tensor.shape or tensor.shape[0] != batch_dim or not all(isinstance(d, int) for d in rest):
+            raise UserError(
+                f"graph input {tensor.name!r} has shape {list(tensor.shape)}; beside the images {list(named[0].shape)} an engine "
+                f"takes per-image inputs [{batch_dim}, fixed dims...] that share the images' batch axis"
+            )
+        extras.append(BatchedInput(tensor.name, tensor.dtype, tuple(int(d) for d in rest)))  # type: ignore[arg-type]
+    return layout, tuple(extras)
 
 
 # -- profiles ---------------------------------------------------------------------------------------
@@ -195,8 +245,10 @@ def build_profiles(
     default_hw: tuple[int, int],
     patch_size: tuple[int, int] | None,
     default_batch: str = "1:8:32",
+    size_hint: str = "export with --dynamic-resolution for other sizes",
 ) -> list[Profile]:
-    """Pair --batch and --resolution options into profiles and check them against the graph."""
+    """Pair --batch and --resolution options into profiles and check them against the graph
+    (``size_hint``: what to do when the graph's height/width are fixed and another size is asked for)."""
     batch_list = [parse_batch(b) for b in batches] or [parse_batch(layout_default_batch(layout, default_batch))]
     res_list = [parse_resolution_range(r) for r in resolutions]
     if not res_list:
@@ -216,7 +268,7 @@ def build_profiles(
         heights, widths = res_list[i if len(res_list) > 1 else 0]
         profiles.append(Profile(batch, heights, widths))
     for number, profile in enumerate(profiles):
-        _check_profile_against_graph(profile, layout, patch_size, number)
+        _check_profile_against_graph(profile, layout, patch_size, number, size_hint)
     if len(set(profiles)) != len(profiles):
         raise UserError("two optimisation profiles are identical; drop the repeated --batch/--resolution")
     return profiles
@@ -227,7 +279,8 @@ def layout_default_batch(layout: InputLayout, default: str) -> str:
     return str(fixed) if fixed else default
 
 
-def _check_profile_against_graph(profile: Profile, layout: InputLayout, patch: tuple[int, int] | None, number: int) -> None:
+def _check_profile_against_graph(profile: Profile, layout: InputLayout, patch: tuple[int, int] | None, number: int,
+                                 size_hint: str = "export with --dynamic-resolution for other sizes") -> None:
     where = f"profile {number} ({profile.describe()})"
     for axis, values, option in (("N", profile.batch, "--batch"), ("H", profile.height, "--resolution"), ("W", profile.width, "--resolution")):
         fixed = layout.fixed.get(axis)
@@ -235,7 +288,7 @@ def _check_profile_against_graph(profile: Profile, layout: InputLayout, patch: t
             what = {"N": "batch", "H": "height", "W": "width"}[axis]
             raise UserError(
                 f"{where}: the graph's {what} is fixed at {fixed}; use {option} {fixed}"
-                + (" (export with --dynamic-resolution for other sizes)" if axis != "N" else "")
+                + (f" ({size_hint})" if axis != "N" else "")
             )
     if patch is not None:
         for h in sorted(set(profile.height)):
@@ -299,6 +352,9 @@ class EnginePlan:
     parse_graph: str | None = None
     parse_graph_sha256: str | None = None
     lowering: dict[str, Any] | None = None
+    # Per-image inputs beside the images (variable-size bundles: valid_hw [B, 2]); shaped by each
+    # profile's batch range. Empty for the single-input contract.
+    extra_inputs: tuple[BatchedInput, ...] = field(default=())
 
     @property
     def onnx_path(self) -> str:
@@ -309,14 +365,26 @@ class EnginePlan:
     def layout(self) -> InputLayout:
         return InputLayout(self.input_name, self.input_dtype, self.input_layout, self.channels, {})
 
+    def input_shapes(self, profile: Profile) -> dict[str, dict[str, tuple[int, ...]]]:
+        """{input name: {min, opt, max}} for every graph input: the images, then the per-image inputs."""
+        shapes = {self.input_name: profile.shapes(self.layout)}
+        for extra in self.extra_inputs:
+            shapes[extra.name] = {key: extra.shape(profile.batch[i]) for i, key in enumerate(("min", "opt", "max"))}
+        return shapes
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["profiles"] = [
-            {"batch": list(p.batch), "height": list(p.height), "width": list(p.width), "shapes": {k: list(v) for k, v in p.shapes(self.layout).items()}}
-            for p in self.profiles
-        ]
+        profiles = []
+        for p in self.profiles:
+            entry: dict[str, Any] = {"batch": list(p.batch), "height": list(p.height), "width": list(p.width),
+                                     "shapes": {k: list(v) for k, v in p.shapes(self.layout).items()}}
+            if self.extra_inputs:  # every input's shapes; single-input plans keep their record as it was
+                entry["inputs"] = {name: {k: list(v) for k, v in s.items()} for name, s in self.input_shapes(p).items()}
+            profiles.append(entry)
+        data["profiles"] = profiles
         data["builder_flags"] = list(self.builder_flags)
         data["notes"] = list(self.notes)
+        data["extra_inputs"] = [{"name": e.name, "dtype": e.dtype, "dims": list(e.dims)} for e in self.extra_inputs]
         return data
 
     @classmethod
@@ -328,6 +396,7 @@ class EnginePlan:
         )
         values["builder_flags"] = tuple(data.get("builder_flags", ()))
         values["notes"] = tuple(data.get("notes", ()))
+        values["extra_inputs"] = tuple(BatchedInput(e["name"], e["dtype"], tuple(e["dims"])) for e in data.get("extra_inputs") or ())
         return cls(**values)
 
     def with_target(self, target: str) -> "EnginePlan":
@@ -401,14 +470,39 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
     # Profiles against the graph's real input
     inputs, _ = read_graph_io(source)
     spec = bundle.spec
-    layout = image_input(inputs, spec.in_chans)
     resolution = bundle.manifest.get("resolution") or {}
     preprocessing = bundle.manifest.get("preprocessing") or {}
+    variable = preprocessing.get("variable_size")
+    layout, extras = graph_inputs(inputs, spec.in_chans)
+    if variable:
+        # A variable-size graph: images [B, H_c, W_c, 3] in the canvas + valid_hw [B, 2]; both follow --batch.
+        want = variable.get("valid_input", "valid_hw")
+        if [e.name for e in extras] != [want]:
+            raise UserError(f"{source.name} is a variable-size graph but takes {[layout.name] + [e.name for e in extras]}; "
+                            f"expected (images, {want}); re-export it with `vitdeploy export --variable-size`")
+        if precision == "int8" and path == PATH_LEGACY:
+            raise ConfigError(
+                "legacy INT8 calibration feeds the images input only and cannot shape valid_hw; build the bundle's "
+                "Q/DQ int8 graph (without --legacy-precision) or --legacy-precision --precision fp16"
+            )
+        size_hint = (f"the {variable['canvas'][0]}x{variable['canvas'][1]} canvas is fixed at export; valid_hw carries each "
+                     "image's size; re-export with another --canvas for a larger one")
+    elif extras:
+        raise UserError(f"{source.name} takes {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
+                        "vitdeploy engines take one image input, or (images, valid_hw) for variable-size bundles")
+    else:
+        size_hint = "export with --dynamic-resolution for other sizes"
     # The model itself runs at the fed size unless the graph resizes inside: then any size is valid.
     patch = None if preprocessing.get("in_graph_resize") else tuple(spec.patch_size)
     default_hw = (int(resolution.get("height") or spec.image_size[0]), int(resolution.get("width") or spec.image_size[1]))
     default_batch = "1" if options.dla_core is not None else "1:8:32"
-    profiles = build_profiles(options.batch, options.resolution, layout, default_hw, patch, default_batch)  # type: ignore[arg-type]
+    profiles = build_profiles(options.batch, options.resolution, layout, default_hw, patch, default_batch, size_hint)  # type: ignore[arg-type]
+    if variable:
+        notes.append(
+            f"two inputs: {layout.name} {layout.dtype} [B, H_c, W_c, {layout.channels}] and " +
+            ", ".join(f"{e.name} {e.dtype} [B, {', '.join(str(d) for d in e.dims)}]" for e in extras) +
+            "; each profile shapes both from its batch range"
+        )
 
     # Builder knobs against what this version has
     workspace = parse_size(options.workspace) if options.workspace else None
@@ -487,4 +581,5 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
         calibration=calibration,
         target=options.target,
         notes=tuple(notes),
+        extra_inputs=tuple(extras),
     )

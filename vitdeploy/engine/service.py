@@ -96,8 +96,7 @@ def _out_root(bundle: Bundle) -> Path:
 
 def run(request: BuildEngineRequest, log: Any = None) -> BuildEngineOutcome:
     """Plan, then lint / report / print / build. ``log`` gets progress lines as they happen."""
-    bundle = Bundle.open(request.bundle)
-    bundle.refuse_variable_size("build-engine")  # engine profiles for two-input graphs are not planned yet
+    bundle = Bundle.open(request.bundle)  # variable-size bundles too: profiles shape (images, valid_hw) from one batch range
     building = not (request.dry_run or request.dla_report or request.print_trtexec or request.lint)
     options = request.options
     if request.dla_report and not options.batch and options.dla_core is None:
@@ -203,7 +202,9 @@ def describe_plan(plan: EnginePlan) -> list[str]:
         lines.append(f"  TensorRT parses {Path(plan.parse_graph).name} (opset {plan.lowering['opset'][1]}, lowered from {Path(plan.source).name})"
                      if plan.lowering else f"  TensorRT parses {Path(plan.parse_graph).name}")
     for i, p in enumerate(plan.profiles):
-        lines.append(f"  profile {i}: {p.describe()}")
+        extra = "".join(f", {name} {':'.join('x'.join(str(d) for d in s[k]) for k in ('min', 'opt', 'max'))}"
+                        for name, s in plan.input_shapes(p).items() if name != plan.input_name)
+        lines.append(f"  profile {i}: {p.describe()}{extra}")
     knobs = []
     if plan.workspace_bytes:
         knobs.append(f"workspace {plan.workspace_bytes / (1 << 20):.0f} MiB")
@@ -272,9 +273,12 @@ def _plan_only(bundle: Bundle, plan: EnginePlan, caps: Capabilities, request: Bu
 
 def _dla_report(bundle: Bundle, plan: EnginePlan) -> BuildEngineOutcome:
     profile = plan.profiles[0]
-    shape = profile.shapes(plan.layout)["opt"]
+    shapes = plan.input_shapes(profile)
+    shape = shapes[plan.input_name]["opt"]
+    others = {name: s["opt"] for name, s in shapes.items() if name != plan.input_name}  # valid_hw [B, 2]
     lowered = plan.precision_path == PATH_LEGACY and bool(plan.builder_flags)
-    report = dla.analyse(plan.onnx_path, shape, plan.precision, static_shapes=all(p.is_static for p in plan.profiles), flags_lower_fp32=lowered)
+    report = dla.analyse(plan.onnx_path, shape, plan.precision, static_shapes=all(p.is_static for p in plan.profiles), flags_lower_fp32=lowered,
+                         other_inputs=others)
     path = _out_root(bundle) / "reports" / f"dla-{plan.precision}.json"
     atomic_write_json(path, {**report.to_dict(), "profiles": plan.to_dict()["profiles"]})
     return BuildEngineOutcome(report.summary_lines() + [f"report: {path}"], plan, [path])

@@ -3,8 +3,9 @@
 Flag names and their availability were checked against trtexec's own option parser and help text
 (NVIDIA/TensorRT ``samples/common/sampleOptions.cpp`` at tags v8.6.1, v10.3.0, v10.16 and v11.1):
 
-- ``--minShapes/--optShapes/--maxShapes=name:AxBxCxD``: every version; several profiles need
-  ``--profile=N`` before each set (9.x and later; trtexec 8.x builds one profile).
+- ``--minShapes/--optShapes/--maxShapes=name:AxBxCxD[,name2:ExF]``: every version, every input of the
+  profile in one comma-separated spec (variable-size bundles: ``images:...,valid_hw:Bx2``); several
+  profiles need ``--profile=N`` before each set (9.x and later; trtexec 8.x builds one profile).
 - ``--stronglyTyped``: 10.x; in 11 it is a deprecated no-op (strong typing is the default), so omitted.
 - ``--fp16``, ``--int8``, ``--calib=<file>``: up to 10.x; removed in 11.
 - ``--memPoolSize=workspace:<size>`` (MiB when no suffix), ``--builderOptimizationLevel=N`` (8.6+),
@@ -53,7 +54,6 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
     """The trtexec invocation equivalent to ``plan`` for the TensorRT ``caps`` describe."""
     argv = ["trtexec", f"--onnx={plan.onnx_path}"]
     notes: list[str] = []
-    layout = plan.layout
 
     profiles = list(plan.profiles)
     if len(profiles) > 1 and not caps.trtexec_profiles:
@@ -65,9 +65,10 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
     for index, profile in enumerate(profiles):
         if len(profiles) > 1:
             argv.append(f"--profile={index}")
-        shapes = profile.shapes(layout)
+        # every input of the profile in one flag, as trtexec reads it: --minShapes=images:1x48x48x3,valid_hw:1x2
+        shapes = plan.input_shapes(profile)
         for key, flag in (("min", "--minShapes"), ("opt", "--optShapes"), ("max", "--maxShapes")):
-            argv.append(f"{flag}={plan.input_name}:{_dims(shapes[key])}")
+            argv.append(f"{flag}=" + ",".join(f"{name}:{_dims(s[key])}" for name, s in shapes.items()))
 
     if plan.precision_path == PATH_STRONGLY_TYPED:
         if caps.trtexec_strongly_typed_flag:
@@ -106,4 +107,10 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
     argv.append(f"--saveEngine={engine_path}")
     # trtexec 8.5 names it --buildOnly; 8.6 renamed it --skipInference (the old name warns, then is gone)
     argv.append("--skipInference" if caps.trtexec_skip_inference else "--buildOnly")
+    for extra in plan.extra_inputs:
+        notes.append(
+            f"timing the engine with trtexec --loadEngine: give {extra.name} values with --loadInputs={extra.name}:FILE (raw "
+            f"{extra.dtype}, [batch, {', '.join(str(d) for d in extra.dims)}]); trtexec's random {extra.dtype} data is clamped by the "
+            "graph to [1 patch, canvas] and times no chosen fill (vitdeploy profile --fill does)"
+        )
     return TrtexecCommand(argv, notes)

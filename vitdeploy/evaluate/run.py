@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import __version__
 from ..bundle import Bundle
+from ..data import default_data
 from ..errors import UserError
 from .runners import Scorer, check_precisions, engine_scorers, graph_scorer, reference_scorer
 from .score import condition_stats, size_bins, size_strata
@@ -77,13 +78,6 @@ class EvaluateResult:
     predictions: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # scorer -> condition -> preds
 
 
-def default_data(bundle: Bundle) -> str | None:
-    source = bundle.manifest.get("source", {})
-    if source.get("kind") == "builtin" and source.get("name") == "digits":
-        return "digits:test"
-    return None
-
-
 def input_size(bundle: Bundle) -> tuple[int, int]:
     from ..images import model_input_size
 
@@ -132,12 +126,13 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
         (f" ({len(data.unreadable)} unreadable, left out and named in the report)" if data.unreadable else ""))
 
     t = time.perf_counter()
-    scorers = [graph_scorer(bundle, p, bundle.artifact_path(p), opts.threads, opts.batch) for p in precisions]
+    threads = opts.threads or scorer_threads(len(precisions) + (1 if opts.reference else 0))
+    scorers = [graph_scorer(bundle, p, bundle.artifact_path(p), threads, opts.batch) for p in precisions]
     engines, engines_skipped = engine_scorers(bundle, opts.batch, size)
     scorers += engines
     reference, reference_note = (None, "not requested (--no-reference)")
     if opts.reference:
-        reference, reference_note = reference_scorer(bundle, opts.threads, opts.batch)
+        reference, reference_note = reference_scorer(bundle, threads, opts.batch)
     if reference is not None:
         scorers.append(reference)
     elif opts.reference:
@@ -170,7 +165,7 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
     transform_s = 0.0
     # Scorers run side by side when each is pinned to fewer threads than the machine has (--threads 1
     # on 2 cores: two scorers at once); ONNX Runtime and PyTorch release the GIL while they compute.
-    workers = scorer_workers(opts.threads, len(scorers))
+    workers = scorer_workers(threads, len(scorers))
 
     def run_one(scorer: Scorer, cond_id: str, batch: np.ndarray) -> None:
         t1 = time.perf_counter()
@@ -192,6 +187,7 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
     timing["transforms_s"] = transform_s
     timing["inference_s"] = dict(infer_s)  # per scorer; they overlap when workers > 1
     timing["workers"] = workers
+    timing["threads_per_scorer"] = threads
 
     results: dict[str, dict[str, Any]] = {}
     flags: list[str] = []
@@ -255,10 +251,22 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
     return EvaluateResult(report, preds)
 
 
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def scorer_threads(scorers: int) -> int:
+    """Threads per scorer when --threads is not given: the CPUs shared out over the scorers (at least
+    one each), so that they run side by side. Measured on the 2-CPU VM with the digits bundle's 4
+    scorers (docs/BENCHMARKS.md): one thread each, two at a time, 47-59 s; every CPU each, one at a
+    time, 75-79 s; small ViTs keep more cores busy as separate sessions than as one session's pool."""
+    return max(1, _cpus() // max(1, scorers))
+
+
 def scorer_workers(threads: int | None, scorers: int) -> int:
     """How many scorers may run at once: the CPUs this process may use over each scorer's threads
     (one at a time when a scorer already uses every CPU, the ONNX Runtime default)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = _cpus()
     if not threads:
         return 1
     return max(1, min(scorers, cpus // int(threads)))

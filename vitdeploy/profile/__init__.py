@@ -6,6 +6,7 @@ each cell beside the analytic cost (chapter §39.5) and the machine's measured G
     sweep.py       the matrix of cells over the runner interface, with the cost model per cell
     tegrastats.py  Jetson telemetry: tegrastats parser and sampler, nvpmodel / jetson_clocks state
     report.py      terminal table + progress bar, reports/profile.csv / .json / .png
+    variable.py    variable-size bundles: fill-ratio sizes (declared rule), runners fed (images, valid_hw)
 
 Only numpy (and the runners' own runtimes, imported when a cell needs them) at import time.
 """
@@ -51,6 +52,11 @@ def profile_bundle(
 
     bundle = Bundle.open(path)
     if accuracy:
+        if bundle.variable_size:
+            from ..errors import UserError
+
+            raise UserError("--accuracy scores single-size graphs; for a variable-size bundle `vitdeploy check` scores the "
+                            "labelled data at mixed sizes and aspect ratios")
         from .accuracy import check_source
 
         check_source(accuracy)  # before the sweep, not after minutes of timing

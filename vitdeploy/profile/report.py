@@ -4,7 +4,8 @@
 Schema ``vitdeploy-profile/1``
 ------------------------------
 ``profile.csv`` has one row per cell and exactly the columns of :data:`COLUMNS`, in that order
-(empty where a value does not apply: a skipped cell has no latency, a CPU run no GPU memory).
+(empty where a value does not apply: a skipped cell has no latency, a CPU run no GPU memory); for a
+variable-size bundle :data:`VARIABLE_COLUMNS` (canvas, fill, fill_actual) follow ``width``.
 
 ``profile.json`` is an object with:
 
@@ -85,15 +86,36 @@ COLUMNS: dict[str, str] = {
     "accuracy_n": "labelled images scored for the accuracy",
 }
 
+# Variable-size bundles (images in a canvas + valid_hw): these columns follow ``width`` in their reports
+# only, so single-size reports keep exactly :data:`COLUMNS`.
+VARIABLE_COLUMNS: dict[str, str] = {
+    "canvas": "variable-size bundles: the canvas HxW the images are padded into (height and width above); the graph computes all of it",
+    "fill": "variable-size bundles: the fill ratio asked for, mean valid area / canvas area (--fill)",
+    "fill_actual": "variable-size bundles: the mean valid area / canvas area of the whole-patch sizes drawn for this cell",
+}
 
-def _cell_dict(row: dict[str, Any]) -> dict[str, Any]:
-    out = {name: row.get(name) for name in COLUMNS}
+
+def columns_for(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The report's columns: :data:`COLUMNS`, with :data:`VARIABLE_COLUMNS` after ``width`` when a row has a fill."""
+    if not any(r.get("fill") is not None for r in rows):
+        return COLUMNS
+    out: dict[str, str] = {}
+    for name, meaning in COLUMNS.items():
+        out[name] = meaning
+        if name == "width":
+            out.update(VARIABLE_COLUMNS)
+    return out
+
+
+def _cell_dict(row: dict[str, Any], columns: dict[str, str] = COLUMNS) -> dict[str, Any]:
+    out = {name: row.get(name) for name in columns}
     if "tegrastats" in row:
         out["tegrastats"] = row["tegrastats"]
     return out
 
 
 def to_json(result: SweepResult) -> dict[str, Any]:
+    columns = columns_for(result.rows)
     return {
         "schema": SCHEMA,
         "created": result.started,
@@ -103,8 +125,8 @@ def to_json(result: SweepResult) -> dict[str, Any]:
         "machine": result.machine,
         "peaks": [p.to_dict() for p in result.peaks],
         "cost_model": result.cost_model,
-        "columns": COLUMNS,
-        "cells": [_cell_dict(r) for r in result.rows],
+        "columns": columns,
+        "cells": [_cell_dict(r, columns) for r in result.rows],
     }
 
 
@@ -120,10 +142,11 @@ def _csv_value(value: Any) -> Any:
 
 def to_csv(result: SweepResult) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), lineterminator="\n")
+    columns = columns_for(result.rows)
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
     for row in result.rows:
-        writer.writerow({k: _csv_value(row.get(k)) for k in COLUMNS})
+        writer.writerow({k: _csv_value(row.get(k)) for k in columns})
     return buf.getvalue()
 
 
@@ -151,6 +174,8 @@ def write_plot(result: SweepResult, target: str | Path) -> Path:
     from matplotlib.figure import Figure
 
     ok = [r for r in result.rows if r["status"] == "ok"]
+    if any(r.get("fill") is not None for r in ok):
+        return _write_fill_plot(result, ok, target, Figure, FigureCanvasAgg)
     sizes = sorted({(r["height"], r["width"]) for r in result.rows}, key=lambda hw: hw[0] * hw[1])
     xpos = {hw: math.sqrt(hw[0] * hw[1]) for hw in sizes}
     batches = sorted({r["batch"] for r in ok})
@@ -212,6 +237,39 @@ def write_plot(result: SweepResult, target: str | Path) -> Path:
     return Path(target)
 
 
+def _write_fill_plot(result: SweepResult, ok: list[dict[str, Any]], target: str | Path, figure: Any, canvas: Any) -> Path:
+    """Variable-size bundles: latency (p50) and throughput against the fill ratio, one line per
+    backend x precision x canvas x batch. The graph computes the whole canvas at every fill, so a
+    line that is not flat is the runtime's kernels reacting to masked rows."""
+    fig = figure(figsize=(12, 4.8), dpi=110)
+    canvas(fig)
+    ax_lat, ax_thr = fig.subplots(1, 2)
+    series = sorted({(r["backend"], r["precision"], r["height"], r["width"], r["batch"]) for r in ok})
+    styles = ["-", "--", ":", "-."]
+    for si, (backend, precision, h, w, batch) in enumerate(series):
+        pts = sorted((r["fill"], r) for r in ok
+                     if (r["backend"], r["precision"], r["height"], r["width"], r["batch"]) == (backend, precision, h, w, batch))
+        style = dict(color=f"C{si % 10}", linestyle=styles[(si // 10) % 4], marker="o", markersize=4)
+        label = f"{backend} {precision} {h}x{w} b{batch}"
+        ax_lat.plot([p[0] for p in pts], [p[1]["p50_ms"] for p in pts], label=label, **style)
+        ax_thr.plot([p[0] for p in pts], [p[1]["throughput_ips"] for p in pts], label=label, **style)
+    for ax, title, ylabel in ((ax_lat, "latency", "p50 latency per call (ms)"), (ax_thr, "throughput", "throughput (images/s)")):
+        ax.set_xlabel("fill ratio (mean valid area / canvas area)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.set_xlim(0, 1.05)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    ax_lat.legend(fontsize=7, loc="best")
+    machine = result.machine.get("gpu") or result.machine.get("cpu") or ""
+    fig.suptitle(f"vitdeploy profile (variable size): {result.bundle.get('name', '')} on {machine} "
+                 f"({result.machine.get('threads')} threads)", fontsize=10)
+    fig.tight_layout()
+    with atomic_path(target, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png")
+    return Path(target)
+
+
 def _same_decades(ax: Any, twin: Any, values: list[float], cost: list[float]) -> None:
     """Log scale on both axes with the same ratio top/bottom, each centred on its own data."""
     lo, hi = min(values), max(values)
@@ -266,7 +324,10 @@ def _render_compact(result: SweepResult, console: Any) -> None:
     # GPU runs show device time and device memory in place of the attention share and added RSS
     gpu_cols = any(r.get("device_p50_ms") is not None or r.get("gpu_mem_mb") is not None for r in result.rows)
     tail = (("dev ms", "right"), ("GPU MiB", "right")) if gpu_cols else (("attn", "right"), ("+RSS", "right"))
-    for name, justify in (("cell", "left"), ("size", "right"), ("batch", "right"), ("L", "right"), ("p50 ms", "right"),
+    # variable-size bundles: the size is the canvas, and a fill column (mean valid area / canvas) follows it
+    fills = any(r.get("fill") is not None for r in result.rows)
+    head = (("cell", "left"), ("canvas", "right"), ("fill", "right")) if fills else (("cell", "left"), ("size", "right"))
+    for name, justify in head + (("batch", "right"), ("L", "right"), ("p50 ms", "right"),
                           ("p99 ms", "right"), ("CV", "right"), ("img/s", "right"), ("GMAC", "right"), ("GFLOP/s", "right"),
                           ("% peak", "right"), ("RSS MiB", "right")) + tail:
         table.add_column(name, justify=justify, no_wrap=True)
@@ -280,8 +341,9 @@ def _render_compact(result: SweepResult, console: Any) -> None:
         p50 = _fmt(r.get("p50_ms"), ".2f") if ok else "[red]failed[/]"
         last = ((_fmt(r.get("device_p50_ms"), ".3f"), _fmt(r.get("gpu_mem_mb"), ".0f")) if gpu_cols
                 else (_fmt(r["attention_share"], ".0%"), _fmt(r.get("rss_added_mb"), ".0f")))
+        size = (f"{r['height']}x{r['width']}",) + ((_fmt(r.get("fill"), ".2f"),) if fills else ())
         table.add_row(
-            _cell_name(r), f"{r['height']}x{r['width']}", str(r["batch"]), str(r["seq_len"]), p50,
+            _cell_name(r), *size, str(r["batch"]), str(r["seq_len"]), p50,
             _fmt(r.get("p99_ms"), ".2f"), cv, _fmt(r.get("throughput_ips"), ".1f"), _fmt(r["macs"] / 1e9, ".2f"),
             _fmt(r.get("achieved_gflops"), ".1f"), _fmt(r.get("peak_share"), ".0%"), _fmt(r.get("peak_rss_mb"), ".0f"), *last,
         )
@@ -292,7 +354,8 @@ def _render_compact(result: SweepResult, console: Any) -> None:
         console.print(f"[dim]{skipped}[/]", soft_wrap=True)
     for r in result.rows:
         if r["status"] == "failed":
-            console.print(f"[red]failed: {_cell_name(r)} {r['height']}x{r['width']} b{r['batch']}: {r.get('note') or ''}[/]",
+            fill = f" fill {r['fill']:g}" if r.get("fill") is not None else ""
+            console.print(f"[red]failed: {_cell_name(r)} {r['height']}x{r['width']}{fill} b{r['batch']}: {r.get('note') or ''}[/]",
                           soft_wrap=True)
 
 
@@ -340,9 +403,11 @@ def _render_wide(result: SweepResult, console: Any) -> None:
             note = f"[red]failed: {note}[/]"
         elif r["status"] == "skipped":
             note = f"[dim]skipped: {note}[/]"
+        # variable-size cells: canvas and fill ratio, e.g. 48x48 fill 0.5
+        size = f"{r['height']}x{r['width']}" + (f" fill {r['fill']:g}" if r.get("fill") is not None else "")
         extra = (_fmt(r.get("device_p50_ms"), ".3f"), _fmt(r.get("gpu_mem_mb"), ".0f")) if gpu_cols else ()
         table.add_row(
-            r["backend"] + (f" {r['torch_mode']}" if r.get("torch_mode") else ""), r["precision"], f"{r['height']}x{r['width']}", str(r["batch"]), str(r["seq_len"]),
+            r["backend"] + (f" {r['torch_mode']}" if r.get("torch_mode") else ""), r["precision"], size, str(r["batch"]), str(r["seq_len"]),
             _fmt(r.get("p50_ms"), ".2f"), _fmt(r.get("p90_ms"), ".2f"), _fmt(r.get("p99_ms"), ".2f"), cv,
             _fmt(r.get("throughput_ips"), ".1f"), _fmt(r["macs"] / 1e9, ".2f"), _fmt(r.get("achieved_gflops"), ".1f"),
             _fmt(r.get("peak_share"), ".0%"), _fmt(r["attention_share"], ".1%"), _fmt(r.get("startup_s"), ".2f"),

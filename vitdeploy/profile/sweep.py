@@ -28,7 +28,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -81,6 +81,7 @@ class SweepConfig:
     cv_threshold: float = DEFAULT_CV_THRESHOLD
     ort_optimization: str = "all"  # ORT graph optimisation level (see vitdeploy.runtime.ort)
     fused_cpu: bool = True  # ort fp32 on CPUs runs the bundle's fused model.cpu.onnx where there is one
+    fills: list[float] | None = None  # variable-size bundles: fill ratios (vitdeploy.profile.variable; None: its defaults)
     tegrastats_interval_ms: int = 100
     probe_budget_s: float = gemm_probe.BUDGET_S
     seed: int = 0
@@ -88,6 +89,8 @@ class SweepConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["resolutions"] = [list(r) for r in self.resolutions] if self.resolutions else None
+        if self.fills is None:
+            del data["fills"]  # single-size bundles: the record stays as it was
         return data
 
 
@@ -100,11 +103,14 @@ class Cell:
     batch: int
     skip_reason: str | None = None
     torch_mode: str | None = None  # torch cells: the requested mode (auto, eager, cuda-graph, compile)
+    fill: float | None = None  # variable-size bundles: the share of the canvas (height x width) the images fill
+    fill_actual: float | None = None  # the mean valid area / canvas area of the sizes drawn for ``fill``
 
     @property
     def label(self) -> str:
         backend = f"{self.backend} {self.torch_mode}" if self.torch_mode else self.backend
-        return f"{backend} {self.precision} {self.height}x{self.width} b{self.batch}"
+        fill = f" fill {self.fill:g}" if self.fill is not None else ""
+        return f"{backend} {self.precision} {self.height}x{self.width}{fill} b{self.batch}"
 
 
 @dataclass
@@ -169,7 +175,15 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
         raise UserError(f"unknown device {config.device!r}; choose from {', '.join(DEVICES)}")
     present = bundle.precisions()
     precisions = _choose(config.precisions, PRECISIONS, "precision") if config.precisions else list(present)
-    resolutions = config.resolutions or [tuple(spec.image_size)]
+    variable = bundle.variable_size  # (images in a canvas, valid_hw): cells by canvas and fill ratio
+    fills: list[float | None] = [None]
+    if variable:
+        from .variable import DEFAULT_FILLS, parse_fills
+
+        fills = list(parse_fills(config.fills if config.fills is not None else DEFAULT_FILLS))
+    elif config.fills is not None:
+        raise UserError("--fill applies to variable-size bundles (export --variable-size --canvas HxW); this graph takes one input size")
+    resolutions = config.resolutions or [tuple(variable["canvas"]) if variable else tuple(spec.image_size)]
     for h, w in resolutions:
         spec.grid(h, w)  # one clear line naming the nearest valid sizes
     batches = sorted(dict.fromkeys(config.batches))
@@ -233,10 +247,30 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
                     reason = "PyTorch fp16 is a GPU baseline; no GPU here"
                 elif mode == "cuda-graph" and torch_device == "cpu":
                     reason = "CUDA graphs need a GPU; torch runs on the CPU here"
+                if variable and reason is None:
+                    reason = _variable_skip(backend, precision, mode)
                 for h, w in resolutions:
-                    for b in batches:
-                        cells.append(Cell(backend, precision, int(h), int(w), int(b), reason, mode))
+                    for fill in fills:
+                        for b in batches:
+                            cell = Cell(backend, precision, int(h), int(w), int(b), reason, mode, fill)
+                            if fill is not None:
+                                from .variable import achieved_fill
+
+                                cell = replace(cell, fill_actual=achieved_fill(cell_valid_hw(bundle, cell, config.seed), (h, w)))
+                            cells.append(cell)
     return cells
+
+
+def _variable_skip(backend: str, precision: str, mode: str | None) -> str | None:
+    """Why a cell of a variable-size bundle cannot run here (None when it can)."""
+    if backend == "tensorrt":
+        return ("vitdeploy's TensorRT runner takes one-input engines; time a variable-size engine with trtexec --loadEngine "
+                "(build-engine --print-trtexec shows both inputs' shapes)")
+    if backend == "torch" and precision != "fp32":
+        return "the variable-size PyTorch reference (the masked forward the graph was exported from) runs fp32"
+    if backend == "torch" and mode not in (None, "auto", "eager"):
+        return f"the variable-size PyTorch reference runs eager, not {mode}"
+    return None
 
 
 # -- runners -----------------------------------------------------------------------------------
@@ -270,6 +304,8 @@ def _ort_providers(device: str) -> list[str] | None:
 
 def runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int) -> tuple[Callable[[], Runner], str]:
     """A zero-argument constructor for the cell's runner (timed as start-up) and what it runs."""
+    if cell.fill is not None:
+        return _variable_runner_factory(bundle, cell, config, threads)
     if cell.backend == "ort":
         from ..runtime.ort import OrtRunner
 
@@ -308,6 +344,43 @@ def runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int
 
         return make, _relative(bundle, entry.dir)
     raise UserError(f"unknown backend {cell.backend!r}")
+
+
+def cell_valid_hw(bundle: Bundle, cell: Cell, seed: int) -> np.ndarray:
+    """The valid sizes of a variable-size cell: ``cell.batch`` rows drawn for ``cell.fill`` by the declared
+    rule (vitdeploy.profile.variable), the same for every backend and precision of the sweep."""
+    from .variable import sizes_for_fill
+
+    patch = bundle.variable_size["round_to"] if bundle.variable_size else bundle.spec.patch_size
+    return sizes_for_fill((cell.height, cell.width), patch, float(cell.fill), cell.batch, seed)
+
+
+def _variable_runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int) -> tuple[Callable[[], Runner], str]:
+    """Runners of a variable-size cell: the graph on ONNX Runtime, or the masked forward in PyTorch,
+    both fed the cell's images and its valid_hw."""
+    valid = cell_valid_hw(bundle, cell, config.seed)
+    if cell.backend == "ort":
+        from .variable import VariableOrtRunner
+
+        path = graph_path(bundle, cell.precision, cell.height, cell.width)  # the bundle's canvas, or a variant at another
+        providers = _ort_providers(config.device)
+
+        def make() -> Runner:
+            return VariableOrtRunner(path, valid, precision=cell.precision, providers=providers, threads=threads,
+                                     optimization=config.ort_optimization)
+
+        return make, _relative(bundle, path)
+    if cell.backend == "torch":
+        from .variable import VariableTorchRunner
+
+        device = _torch_device(config)
+
+        def make() -> Runner:
+            return VariableTorchRunner(bundle, valid, (cell.height, cell.width), device=device, threads=threads)
+
+        source = bundle.manifest.get("source", {})
+        return make, f"{source.get('kind', 'source')}:{source.get('name', '?')} (torch eager, masked forward)"
+    raise UserError(f"backend {cell.backend} does not run variable-size cells")
 
 
 def tensorrt_engine_for(bundle: Bundle, cell: Cell) -> Any:
@@ -406,6 +479,8 @@ def _row(cell: Cell, cost: CostReport, graph: str | None, status: str, note: str
         "attention_share": cost.attention_share,
         "crossover_seq_len": cost.crossover_seq_len,
     }
+    if cell.fill is not None:  # variable-size cells: height x width is the canvas the graph computes in full
+        row.update({"canvas": f"{cell.height}x{cell.width}", "fill": cell.fill, "fill_actual": cell.fill_actual})
     if m is not None:
         lat = m.latency
         gflops = cost.flops_total / lat.p50_s / 1e9 if lat.p50_s > 0 else None
@@ -453,7 +528,6 @@ def run_sweep(
 ) -> SweepResult:
     """Plan, probe the machine's GEMM peak, then measure every cell: one after the other, or with
     ``config.rounds`` all loaded and timed in interleaved rounds (``on_round(r, rounds)`` per round)."""
-    bundle.refuse_variable_size("profile")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     t_start = time.perf_counter()
     cells = plan_cells(bundle, config)
@@ -503,6 +577,7 @@ def run_sweep(
             "spec": spec.to_dict(),
             "resolution": bundle.resolution,
             "precisions": bundle.precisions(),
+            **_variable_record(bundle),
         },
         config=config.to_dict(),
         machine={**machine_info(threads, backends, cells), "pinned_cpus": pinned_to if config.pin else None},
@@ -519,6 +594,18 @@ def run_sweep(
         started=started,
         wall_s=time.perf_counter() - t_start,
     )
+
+
+def _variable_record(bundle: Bundle) -> dict[str, Any]:
+    """profile.json's record of a variable-size bundle: its canvas, inputs and how fill sizes were drawn."""
+    contract = bundle.variable_size
+    if not contract:
+        return {}
+    from .variable import FILL_RULE
+
+    return {"variable_size": {"canvas": list(contract["canvas"]), "valid_input": contract.get("valid_input", "valid_hw"),
+                              "round_to": list(contract["round_to"]), "fill_rule": FILL_RULE,
+                              "cost_model": "macs/flops count the whole canvas: the graph computes every position and masks the padded keys"}}
 
 
 def _failure_note(exc: BaseException) -> str:

@@ -2,8 +2,8 @@
 
 Each image is fitted into the canvas by the manifest's policy (vitdeploy.variable: keep the aspect
 ratio, whole patches), padded top-left, and sent with its ``valid_hw``; mixed sizes share one call
-instead of one call per size. Runs on ONNX Runtime: engines for two-input graphs are not built yet,
-and the loader says so rather than falling back silently.
+instead of one call per size. Runs on ONNX Runtime: build-engine plans two-input engines, but the
+TensorRT runner takes one-input engines only, and the loader says so rather than falling back silently.
 """
 
 from __future__ import annotations
@@ -29,17 +29,25 @@ class VariableSizeClassifier(Classifier):
         from .ort import OrtRunner, default_providers
 
         if "onnxruntime" not in tuple(prefer):
-            raise UserError("variable-size bundles run on ONNX Runtime (TensorRT engines for two-input graphs are not built yet); "
+            raise UserError("variable-size bundles run on ONNX Runtime (the TensorRT runner does not take two-input engines yet); "
                             "allow the onnxruntime backend")
-        if precision not in ("best", "fp32"):
-            raise UserError(f"this variable-size bundle has an fp32 graph only, not {precision}")
-        runner = OrtRunner(bundle.artifact_path("fp32"), precision="fp32", providers=list(providers or default_providers()), threads=threads)
+        providers = list(providers or default_providers())
+        # "best": the fp16 graph where ORT runs on CUDA, else fp32 (as for single-size bundles);
+        # an explicit precision takes that graph (one line naming how to make it when absent)
+        chosen = precision
+        if precision == "best":
+            chosen = "fp16" if "CUDAExecutionProvider" in providers and "fp16" in bundle.precisions() else "fp32"
+        runner = OrtRunner(bundle.artifact_path(chosen), precision=chosen, providers=providers, threads=threads)
+        if precision == "best" and chosen == "fp16" and runner.info.device == "cpu":  # CUDA listed, not usable
+            runner.close()
+            chosen = "fp32"
+            runner = OrtRunner(bundle.artifact_path(chosen), precision=chosen, providers=providers, threads=threads)
         names = [i.name for i in runner.session.get_inputs()]
         if names != ["images", VALID_INPUT]:
             raise UserError(f"{bundle.root}: a variable-size graph must take (images, {VALID_INPUT}), this one takes {names}")
         contract = bundle.preprocessing["variable_size"]
-        clf = cls(runner, bundle, backend="onnxruntime", precision="fp32",
-                  backend_reason=f"onnxruntime fp32 on {runner.info.device} (variable-size graph)",
+        clf = cls(runner, bundle, backend="onnxruntime", precision=chosen,
+                  backend_reason=f"onnxruntime {chosen} on {runner.info.device} (variable-size graph)",
                   input_size=tuple(contract["canvas"]), max_batch=max_batch or DEFAULT_ORT_BATCH, thread_safe=True)
         clf.policy = policy or contract.get("host_policy", "fit-within")
         return clf

@@ -39,7 +39,46 @@ T get_or(const json& obj, const char* key, T fallback) {
     return it->get<T>();
 }
 
+std::array<int, 2> positive_pair(const json& obj, const char* key, const std::string& mpath) {
+    auto it = obj.find(key);
+    if (it == obj.end() || !it->is_array() || it->size() != 2 || !(*it)[0].is_number_integer() || !(*it)[1].is_number_integer() ||
+        (*it)[0].get<int>() <= 0 || (*it)[1].get<int>() <= 0)
+        throw std::runtime_error(mpath + ": preprocessing.variable_size." + key + " is not two positive integers; re-export the bundle");
+    return {(*it)[0].get<int>(), (*it)[1].get<int>()};
+}
+
+// preprocessing.variable_size as exporters/variable_export.py writes it. Anything this library would
+// have to guess at (another placement, an unknown policy) is refused rather than fed wrongly.
+VariableSize read_variable_size(const json& vs, const std::string& mpath) {
+    VariableSize v;
+    v.enabled = true;
+    const auto canvas = positive_pair(vs, "canvas", mpath);
+    const auto round_to = positive_pair(vs, "round_to", mpath);
+    v.canvas_h = canvas[0], v.canvas_w = canvas[1];
+    v.round_h = round_to[0], v.round_w = round_to[1];
+    if (v.canvas_h < v.round_h || v.canvas_w < v.round_w)
+        throw std::runtime_error(mpath + ": the " + std::to_string(v.canvas_h) + "x" + std::to_string(v.canvas_w) +
+                                 " canvas holds no whole " + std::to_string(v.round_h) + "x" + std::to_string(v.round_w) + " patch; re-export the bundle");
+    v.valid_input = get_or<std::string>(vs, "valid_input", "valid_hw");
+    v.placement = get_or<std::string>(vs, "placement", "top-left");
+    if (v.placement != "top-left")
+        throw std::runtime_error(mpath + ": variable_size placement '" + v.placement + "' is not supported by this host library (top-left only)");
+    v.host_policy = get_or<std::string>(vs, "host_policy", "fit-within");
+    try {
+        check_policy(v.host_policy);
+    } catch (const std::runtime_error& e) {
+        throw std::runtime_error(mpath + ": host_policy: " + e.what());
+    }
+    v.rule = get_or<std::string>(vs, "rule", "");
+    return v;
+}
+
 }  // namespace
+
+void check_policy(const std::string& policy) {
+    if (policy != "fit-within" && policy != "shrink-within" && policy != "none")
+        throw std::runtime_error("unknown variable-size policy '" + policy + "'; use one of fit-within, shrink-within, none");
+}
 
 std::array<int, 3> parse_version(const std::string& text) {
     std::array<int, 3> v{0, 0, 0};
@@ -138,6 +177,7 @@ Bundle read_bundle(const std::string& dir) {
         }
         p.host_resize.crop_pct = get_or<double>(hr, "crop_pct", 0.0);
     }
+    if (pre.contains("variable_size") && pre["variable_size"].is_object()) p.variable_size = read_variable_size(pre["variable_size"], mpath);
 
     const json& res = m.at("resolution");
     b.dynamic_resolution = get_or<std::string>(res, "mode", "static") == "dynamic";
@@ -212,6 +252,13 @@ size_t Bundle::output_elements(const std::string& name, int h, int w) const {
 std::pair<int, int> Bundle::input_size(std::pair<int, int> requested) const {
     const Preprocessing& p = preprocessing;
     const bool asked = requested.first > 0 && requested.second > 0;
+    if (p.variable_size.enabled) {
+        const VariableSize& v = p.variable_size;
+        if (asked && requested != std::make_pair(v.canvas_h, v.canvas_w))
+            throw std::runtime_error("this variable-size graph takes images of any size in its " + std::to_string(v.canvas_h) + "x" +
+                                     std::to_string(v.canvas_w) + " canvas (policy " + v.host_policy + "); give no size");
+        return {v.canvas_h, v.canvas_w};
+    }
     if (p.has_input_size && !p.in_graph_resize) {
         if (asked && requested != std::make_pair(p.input_h, p.input_w))
             throw std::runtime_error("this graph takes " + std::to_string(p.input_h) + "x" + std::to_string(p.input_w) +

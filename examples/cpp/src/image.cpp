@@ -6,9 +6,10 @@
 #include <stdexcept>
 
 #include <libexif/exif-data.h>
-// Implementations come from Debian's libstb (libstb-dev); these are declarations only.
+// The implementation comes from Debian's libstb (libstb-dev); this is the declaration only.
 #include <stb_image.h>
-#include <stb_image_resize.h>
+
+#include "vitdeploy/resample.hpp"
 
 namespace vitdeploy {
 
@@ -95,42 +96,6 @@ ResizeGeometry resize_geometry(int h, int w, const HostResize& rule, int th, int
     }
     return {nh, nw, static_cast<int>(std::nearbyint((nh - th) / 2.0)), static_cast<int>(std::nearbyint((nw - tw) / 2.0))};
 }
-
-namespace {
-
-Image resample_nearest(const Image& img, int nh, int nw) {
-    // Pillow's NEAREST resize (ImagingScaleAffine): the source coordinate starts at scale / 2 and is
-    // accumulated by adding the scale per output pixel, then truncated. The accumulated sum (not
-    // (i + 0.5) * scale) decides ties such as 79.99999 vs 80, so it is reproduced as is.
-    auto table = [](int in, int out) {
-        std::vector<int> idx(out);
-        const double scale = static_cast<double>(in) / out;
-        double pos = scale * 0.5;
-        for (int i = 0; i < out; ++i, pos += scale) idx[i] = std::min(in - 1, static_cast<int>(pos));
-        return idx;
-    };
-    const std::vector<int> ys = table(img.height, nh), xs = table(img.width, nw);
-    Image out{nh, nw, std::vector<std::uint8_t>(static_cast<size_t>(nh) * nw * 3)};
-    for (int y = 0; y < nh; ++y)
-        for (int x = 0; x < nw; ++x) std::copy_n(img.at(ys[y], xs[x]), 3, out.at(y, x));
-    return out;
-}
-
-Image resample(const Image& img, int nh, int nw, const std::string& interpolation) {
-    if (nh == img.height && nw == img.width) return img;
-    if (interpolation == "nearest") return resample_nearest(img, nh, nw);
-    stbir_filter filter;
-    if (interpolation == "bilinear") filter = STBIR_FILTER_TRIANGLE;
-    else if (interpolation == "bicubic") filter = STBIR_FILTER_CATMULLROM;
-    else throw std::runtime_error("interpolation '" + interpolation + "' is not available in this example (bilinear, bicubic, nearest)");
-    Image out{nh, nw, std::vector<std::uint8_t>(static_cast<size_t>(nh) * nw * 3)};
-    const int ok = stbir_resize_uint8_generic(img.pixels.data(), img.width, img.height, 0, out.pixels.data(), nw, nh, 0, 3,
-                                              STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, filter, STBIR_COLORSPACE_LINEAR, nullptr);
-    if (!ok) throw std::runtime_error("stb_image_resize failed");
-    return out;
-}
-
-}  // namespace
 
 Image resize_for_model(const Image& img, const HostResize& rule, int th, int tw) {
     const ResizeGeometry g = resize_geometry(img.height, img.width, rule, th, tw);

@@ -14,7 +14,9 @@
 
 #include "vitdeploy/bundle.hpp"
 #include "vitdeploy/image.hpp"
+#include "vitdeploy/resample.hpp"
 #include "vitdeploy/topk.hpp"
+#include "vitdeploy/variable.hpp"
 
 namespace {
 
@@ -164,7 +166,7 @@ void test_decode_and_resize(const std::string& dir) {
 
     // Resize: a uniform image stays uniform at every filter; a half-red image keeps its halves.
     vitdeploy::Image uni{30, 40, std::vector<std::uint8_t>(30 * 40 * 3, 77)};
-    for (const char* interp : {"bilinear", "bicubic", "nearest"}) {
+    for (const char* interp : {"bilinear", "bicubic", "nearest", "box", "hamming", "lanczos"}) {
         auto r = vitdeploy::resize_for_model(uni, {"shorter-side-center-crop", interp, 0.875}, 16, 16);
         bool flat = r.height == 16 && r.width == 16;
         for (auto v : r.pixels) flat = flat && v == 77;
@@ -175,7 +177,7 @@ void test_decode_and_resize(const std::string& dir) {
         for (int x = 0; x < 48; ++x) half.at(y, x)[0] = 255;
     auto r = vitdeploy::resize_for_model(half, {"stretch", "bilinear", 0.0}, 16, 16);
     CHECK(r.at(2, 8)[0] == 255 && r.at(13, 8)[0] == 0);
-    CHECK(throws_with([&] { vitdeploy::resize_for_model(half, {"stretch", "lanczos", 0.0}, 16, 16); }, "lanczos"));
+    CHECK(throws_with([&] { vitdeploy::resize_for_model(half, {"stretch", "spline36", 0.0}, 16, 16); }, "spline36"));
     auto bgr = r;
     vitdeploy::to_bgr(bgr);
     CHECK(bgr.at(2, 8)[2] == 255 && bgr.at(2, 8)[0] == 0);
@@ -260,6 +262,176 @@ void test_outputs(const std::string& dir) {
     CHECK(old.output_elements("probs", 16, 16) == 3);
 }
 
+
+// -- Pillow's resampling (expected bytes: Pillow 13.0 Image.resize on the same pixels) ---------------
+vitdeploy::Image pattern(int h, int w) {
+    vitdeploy::Image img{h, w, std::vector<std::uint8_t>(static_cast<size_t>(h) * w * 3)};
+    for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x)
+            for (int c = 0; c < 3; ++c) img.at(y, x)[c] = static_cast<std::uint8_t>((37 * y * y + 91 * x + 71 * c + 13 * x * y) % 256);
+    return img;
+}
+
+std::vector<int> channel(const vitdeploy::Image& img, int c) {
+    std::vector<int> v;
+    for (int y = 0; y < img.height; ++y)
+        for (int x = 0; x < img.width; ++x) v.push_back(img.at(y, x)[c]);
+    return v;
+}
+
+void test_resample_matches_pillow() {
+    const auto src = pattern(6, 5);
+    struct Case {
+        const char* filter;
+        int nh, nw, c;
+        std::vector<int> expect;
+    };
+    const Case cases[] = {
+        {"bicubic", 4, 3, 0, {54, 153, 96, 86, 150, 163, 132, 151, 161, 123, 165, 104}},
+        {"lanczos", 9, 5, 1, {71, 154, 255, 78, 199, 75, 196, 151, 132, 87, 130, 202, 59, 160, 16, 212, 104, 176, 78, 150, 197, 35, 188, 26, 179, 137, 19, 155, 26, 163, 139, 24, 191, 49, 216, 195, 90, 101, 137, 147, 235, 136, 13, 193, 71}},
+        {"hamming", 6, 8, 2, {142, 175, 232, 91, 81, 158, 217, 250, 179, 125, 28, 116, 146, 234, 137, 83, 34, 76, 150, 31, 28, 128, 204, 246, 219, 174, 94, 205, 205, 98, 181, 227, 222, 182, 110, 232, 236, 140, 66, 26, 43, 99, 198, 113, 121, 254, 191, 155}},
+        {"box", 3, 2, 0, {116, 104, 108, 161, 140, 130}},
+        {"bilinear", 10, 7, 2, {142, 194, 186, 68, 133, 198, 250, 157, 153, 134, 93, 162, 187, 183, 179, 92, 57, 131, 205, 170, 83, 92, 97, 89, 60, 140, 175, 181, 71, 110, 115, 54, 103, 174, 242, 182, 138, 126, 181, 126, 158, 231, 220, 151, 138, 235, 148, 128, 147, 222, 157, 150, 252, 171, 91, 26, 115, 142, 162, 160, 194, 164, 103, 43, 132, 170, 99, 210, 212, 155}},
+        // the height shrinks by more than twice the width: Pillow >= 13 runs the vertical pass first
+        {"bilinear", 2, 8, 0, {61, 80, 109, 156, 162, 129, 133, 138, 107, 126, 150, 137, 154, 201, 141, 90}},
+        {"bicubic", 3, 4, 1, {118, 179, 137, 103, 147, 104, 98, 131, 162, 83, 113, 143}},
+    };
+    for (const auto& k : cases) {
+        const auto got = channel(vitdeploy::resample(src, k.nh, k.nw, k.filter), k.c);
+        if (got != k.expect) std::cerr << "  resample " << k.filter << " to " << k.nh << "x" << k.nw << " differs from Pillow\n";
+        CHECK(got == k.expect);
+    }
+    CHECK(vitdeploy::resample(src, 6, 5, "bicubic").pixels == src.pixels);  // same size: untouched
+    CHECK(throws_with([&] { vitdeploy::resample(src, 0, 5, "bilinear"); }, "cannot resample"));
+}
+
+// -- variable-size bundles (issue 13): policy, guards, canvas --------------------------------------
+bool no_throw(const std::function<void()>& fn) {
+    try {
+        fn();
+        return true;
+    } catch (const std::exception& e) {
+        std::cerr << "  unexpected: " << e.what() << "\n";
+        return false;
+    }
+}
+
+vitdeploy::VariableSize contract(int canvas, int patch) {
+    vitdeploy::VariableSize v;
+    v.enabled = true;
+    v.canvas_h = v.canvas_w = canvas;
+    v.round_h = v.round_w = patch;
+    return v;
+}
+
+void test_variable_policy_and_guards() {
+    using vitdeploy::fitted_size;
+    using hw = std::pair<int, int>;
+    const auto c = contract(48, 4);
+    // the cases of tests/test_variable_size.py (vitdeploy.variable.fitted_size)
+    CHECK(fitted_size(100, 50, c, "fit-within") == hw(48, 24));
+    CHECK(fitted_size(10, 30, c, "fit-within") == hw(16, 48));     // enlarged to the canvas width
+    CHECK(fitted_size(10, 30, c, "shrink-within") == hw(8, 28));   // never enlarged; floored to patches
+    CHECK(fitted_size(1, 300, contract(384, 16), "fit-within") == hw(16, 384));  // at least one patch
+    const auto [h, w] = fitted_size(480, 640, contract(384, 16), "fit-within");
+    CHECK(h % 16 == 0 && w == 384 && std::fabs(static_cast<double>(h) / w - 480.0 / 640) < 16.0 / 384);
+    CHECK(fitted_size(60, 90, c, "shrink-within") == hw(32, 48));  // larger than the canvas: shrunk either way
+    // Python's round() is half-to-even: 5 * 0.5 = 2.5 -> 2, 7 * 0.5 = 3.5 -> 4
+    CHECK(fitted_size(5, 96, contract(48, 1), "fit-within") == hw(2, 48));
+    CHECK(fitted_size(7, 96, contract(48, 1), "fit-within") == hw(4, 48));
+    // "none": whole patches pass as they are, anything else is refused with Python's line
+    CHECK(fitted_size(28, 44, c, "none") == hw(28, 44));
+    CHECK(throws_with([&] { fitted_size(30, 45, c, "none"); },
+                      "valid_hw row 0 is 30x45, not whole 4x4 patches; the graph would drop the partial patch (use 28x44 or the fit-within policy)"));
+    CHECK(throws_with([&] { fitted_size(3, 3, c, "none"); }, "(use 4x4 or"));
+    CHECK(throws_with([&] { fitted_size(10, 10, c, "stretch"); }, "unknown variable-size policy 'stretch'"));
+    CHECK(throws_with([&] { fitted_size(10, 10, vitdeploy::VariableSize{}, "fit-within"); }, "one fixed-size input"));
+
+    // Algorithm 39.1's guards, one line each, naming the row
+    using vitdeploy::check_valid_hw;
+    CHECK(no_throw([&] { check_valid_hw({4, 4, 48, 48, 12, 44}, c); }));
+    CHECK(throws_with([&] { check_valid_hw({8, 8, 0, 8}, c); }, "valid_hw row 1 is 0x8: every image needs at least one 4x4 patch"));
+    CHECK(throws_with([&] { check_valid_hw({-4, 8}, c); }, "at least one"));
+    CHECK(throws_with([&] { check_valid_hw({52, 8}, c); }, "valid_hw row 0 is 52x8, larger than the 48x48 canvas; resize it to fit"));
+    CHECK(throws_with([&] { check_valid_hw({48, 49}, c); }, "larger than the 48x48 canvas"));
+    CHECK(throws_with([&] { check_valid_hw({10, 8}, c); }, "not whole 4x4 patches"));
+    CHECK(throws_with([&] { check_valid_hw({2147483647, -2147483647 - 1}, c); }, "at least one"));
+    CHECK(throws_with([&] { check_valid_hw({8, 8, 8}, c); }, "[batch, 2]"));
+}
+
+void test_variable_canvas(const std::string& dir) {
+    const auto c = contract(48, 4);
+    // pad_to_canvas: each image top-left, `fill` elsewhere, (h, w) per row
+    const auto a = numbered(8, 12);
+    const vitdeploy::Image b{44, 4, std::vector<std::uint8_t>(44 * 4 * 3, 200)};
+    const auto batch = vitdeploy::pad_to_canvas({a, b}, 48, 48, 7);
+    auto px = [&](int i, int y, int x) { return &batch.images[((static_cast<size_t>(i) * 48 + y) * 48 + x) * 3]; };
+    CHECK(batch.batch == 2 && batch.canvas_h == 48 && batch.images.size() == 2u * 48 * 48 * 3);
+    CHECK((batch.valid_hw == std::vector<std::int32_t>{8, 12, 44, 4}));
+    CHECK(px(0, 0, 0)[0] == 0 && px(0, 7, 11)[0] == 81 && px(0, 7, 11)[1] == 0);
+    CHECK(px(0, 7, 12)[0] == 7 && px(0, 8, 0)[0] == 7 && px(0, 47, 47)[2] == 7);
+    CHECK(px(1, 43, 3)[1] == 200 && px(1, 43, 4)[0] == 7 && px(1, 44, 0)[0] == 7);
+    CHECK(no_throw([&] { vitdeploy::check_valid_hw(batch.valid_hw, c); }));
+    CHECK(throws_with([&] { vitdeploy::pad_to_canvas({b, numbered(52, 8)}, 48, 48); }, "image 1 is 52x8, larger than the 48x48 canvas"));
+
+    // fit_image: the fitted size, resampled; "none" hands the pixels over untouched
+    const auto wide = pattern(10, 30);
+    const auto fitted = vitdeploy::fit_image(wide, c, "bilinear", "fit-within");
+    CHECK(fitted.height == 16 && fitted.width == 48);
+    CHECK(fitted.pixels == vitdeploy::resample(wide, 16, 48, "bilinear").pixels);
+    const auto exact = pattern(28, 44);
+    CHECK(vitdeploy::fit_image(exact, c, "bicubic", "none").pixels == exact.pixels);
+
+    // the manifest's contract (as exporters/variable_export.py writes it)
+    const std::string root = dir + "/variable";
+    std::system(("mkdir -p " + root).c_str());
+    const std::string vs = R"("variable_size": {"canvas": [48, 48], "canvas_grid": [12, 12], "valid_input": "valid_hw", "round_to": [4, 4],
+                              "placement": "top-left", "host_policy": "shrink-within", "rule": "valid sizes are whole patches", "mask_bias": -30000.0})";
+    auto write_manifest = [&](const std::string& variable_size) {
+        write_text(root + "/manifest.json",
+                   manifest(R"({"input": "uint8-nhwc", "channel_order": "bgr", "input_size": [48, 48], "in_graph_resize": null,
+                                "host_resize": {"mode": "stretch", "interpolation": "bicubic"}, )" + variable_size + "}",
+                            R"({"mode": "variable", "height": 48, "width": 48})"));
+    };
+    write_manifest(vs);
+    write_text(root + "/labels.txt", "cat\ndog\nfox\n");
+    const auto bundle = vitdeploy::read_bundle(root);
+    const auto& v = bundle.preprocessing.variable_size;
+    CHECK(bundle.variable_size() && v.canvas_h == 48 && v.canvas_w == 48 && v.round_h == 4 && v.round_w == 4);
+    CHECK(v.valid_input == "valid_hw" && v.placement == "top-left" && v.host_policy == "shrink-within" && v.rule == "valid sizes are whole patches");
+    CHECK(!bundle.dynamic_resolution && bundle.input_size() == std::make_pair(48, 48));
+    CHECK(throws_with([&] { bundle.input_size({32, 32}); }, "any size in its 48x48 canvas (policy shrink-within)"));
+
+    // load_for_canvas: decode, fit by the manifest's policy (or the one asked for), channel order
+    std::vector<std::uint8_t> rgb(10 * 30 * 3);
+    for (size_t i = 0; i < rgb.size(); i += 3) rgb[i] = 220, rgb[i + 1] = 20, rgb[i + 2] = 90;
+    const std::string png = dir + "/wide.png";
+    CHECK(stbi_write_png(png.c_str(), 30, 10, 3, rgb.data(), 30 * 3));
+    const auto shrunk = vitdeploy::load_for_canvas(png, bundle);
+    CHECK(shrunk.height == 8 && shrunk.width == 28);
+    CHECK(shrunk.at(3, 3)[0] == 90 && shrunk.at(3, 3)[2] == 220);  // BGR graph
+    const auto grown = vitdeploy::load_for_canvas(png, bundle, "fit-within");
+    CHECK(grown.height == 16 && grown.width == 48);
+    CHECK(throws_with([&] { vitdeploy::load_for_canvas(png, bundle, "none"); }, "10x30, not whole 4x4 patches"));
+
+    // contracts this library cannot honour are refused at read time, naming the file
+    write_manifest(R"("variable_size": {"canvas": [48, 48], "round_to": [4, 4], "placement": "center"})");
+    CHECK(throws_with([&] { vitdeploy::read_bundle(root); }, "placement 'center'"));
+    write_manifest(R"("variable_size": {"canvas": [48, 48], "round_to": [4, 4], "host_policy": "stretch"})");
+    CHECK(throws_with([&] { vitdeploy::read_bundle(root); }, "unknown variable-size policy 'stretch'"));
+    write_manifest(R"("variable_size": {"canvas": [0, 48], "round_to": [4, 4]})");
+    CHECK(throws_with([&] { vitdeploy::read_bundle(root); }, "variable_size.canvas is not two positive integers"));
+    write_manifest(R"("variable_size": {"canvas": [48, 48]})");
+    CHECK(throws_with([&] { vitdeploy::read_bundle(root); }, "variable_size.round_to"));
+    write_manifest(R"("variable_size": {"canvas": [2, 48], "round_to": [4, 4]})");
+    CHECK(throws_with([&] { vitdeploy::read_bundle(root); }, "no whole 4x4 patch"));
+
+    // a single-input bundle is not fed through the canvas path
+    write_manifest(R"("variable_size": null)");
+    const auto fixed = vitdeploy::read_bundle(root);
+    CHECK(!fixed.variable_size());
+    CHECK(throws_with([&] { vitdeploy::load_for_canvas(png, fixed); }, "not a variable-size bundle"));
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -275,6 +447,9 @@ int main(int argc, char** argv) {
     test_decode_and_resize(dir);
     test_bundle(dir);
     test_outputs(dir);
+    test_resample_matches_pillow();
+    test_variable_policy_and_guards();
+    test_variable_canvas(dir);
     std::cout << checks - failures << "/" << checks << " checks passed\n";
     return failures ? 1 : 0;
 }

@@ -1,11 +1,16 @@
 // classify: run a vitdeploy bundle's TensorRT engine on image files (TensorRT >= 8.5 C++ API).
 //
-//   classify BUNDLE IMAGE... [--engine TARGET] [--top-k K] [--size HxW]
+//   classify BUNDLE IMAGE... [--engine TARGET] [--top-k K] [--size HxW] [--policy POLICY]
 //
 // The engine takes raw uint8 HWC pixels (preprocessing is inside it): this program decodes each
 // image, applies the manifest's resize rule, copies the batch to the GPU, runs enqueueV3 and prints
 // the top-k labels. Before deserialising it checks the engine's fingerprint (TensorRT version,
 // compute capability) against this device and says "rebuild on this device" on a mismatch.
+//
+// A variable-size bundle's engine takes two inputs: each image is fitted by the policy (default:
+// the manifest's host_policy; fit-within, shrink-within or none), padded top-left into the canvas,
+// and its (height, width) goes into `valid_hw`; the sizes are checked by the graph's guards before
+// enqueueV3, and images of different sizes share one batch.
 #include <cuda_runtime_api.h>
 
 #include <NvInfer.h>
@@ -23,6 +28,7 @@
 #include "vitdeploy/bundle.hpp"
 #include "vitdeploy/image.hpp"
 #include "vitdeploy/topk.hpp"
+#include "vitdeploy/variable.hpp"
 
 namespace {
 
@@ -77,6 +83,7 @@ struct Args {
     std::string engine;
     size_t top_k = 5;
     std::pair<int, int> size{0, 0};
+    std::string policy;  // variable-size bundles: empty = the manifest's host_policy
 };
 
 Args parse_args(int argc, char** argv) {
@@ -88,6 +95,7 @@ Args parse_args(int argc, char** argv) {
             return argv[++i];
         };
         if (s == "--engine") a.engine = next();
+        else if (s == "--policy") a.policy = next();
         else if (s == "--top-k") a.top_k = std::stoul(next());
         else if (s == "--size") {
             const std::string v = next();
@@ -96,13 +104,18 @@ Args parse_args(int argc, char** argv) {
         } else if (a.bundle.empty()) a.bundle = s;
         else a.images.push_back(s);
     }
-    if (a.bundle.empty() || a.images.empty()) throw std::runtime_error("usage: classify BUNDLE IMAGE... [--engine TARGET] [--top-k K] [--size HxW]");
+    if (a.bundle.empty() || a.images.empty()) throw std::runtime_error("usage: classify BUNDLE IMAGE... [--engine TARGET] [--top-k K] [--size HxW] [--policy POLICY]");
     return a;
 }
 
 int run(const Args& args) {
     const vitdeploy::Bundle bundle = vitdeploy::read_bundle(args.bundle);
-    const auto [h, w] = bundle.input_size(args.size);
+    const auto [h, w] = bundle.input_size(args.size);  // the canvas, for a variable-size bundle
+    const vitdeploy::VariableSize& variable = bundle.preprocessing.variable_size;
+    const std::string policy = args.policy.empty() ? variable.host_policy : args.policy;
+    if (!variable.enabled && !args.policy.empty())
+        throw std::runtime_error("--policy applies to variable-size bundles; " + args.bundle + " takes one fixed-size input");
+    vitdeploy::check_policy(policy);
 
     // This device
     int device = 0;
@@ -150,15 +163,40 @@ int run(const Args& args) {
     std::unique_ptr<nvinfer1::IExecutionContext> context(engine->createExecutionContext());
     if (!context) throw std::runtime_error("createExecutionContext failed");
 
+    // The engine's inputs must be the bundle graph's: (images) or (images, valid_hw).
+    const std::string input = chosen->input_name;
+    std::vector<std::string> inputs, expected{input};
+    if (variable.enabled) expected.push_back(variable.valid_input);
+    for (int i = 0; i < engine->getNbIOTensors(); ++i) {
+        const char* name = engine->getIOTensorName(i);
+        if (engine->getTensorIOMode(name) == nvinfer1::TensorIOMode::kINPUT) inputs.push_back(name);
+    }
+    if (!std::is_permutation(inputs.begin(), inputs.end(), expected.begin(), expected.end())) {
+        auto list = [](const std::vector<std::string>& v) {
+            std::string s;
+            for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
+            return "(" + s + ")";
+        };
+        throw std::runtime_error("engine " + chosen->target + " takes inputs " + list(inputs) + " but the bundle's graph takes " + list(expected) +
+                                 "; rebuild it: vitdeploy build-engine " + args.bundle);
+    }
+    const char* valid_name = variable.enabled ? variable.valid_input.c_str() : nullptr;
+    if (valid_name && engine->getTensorDataType(valid_name) != nvinfer1::DataType::kINT32)
+        throw std::runtime_error("engine input " + variable.valid_input + " is not int32; rebuild the engine from this bundle");
+    // A shape tensor (should the builder have made valid_hw one) is read from host memory.
+    const bool valid_on_host = valid_name && engine->isShapeInferenceIO(valid_name);
+
     cudaStream_t stream;
     cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
     if (profile > 0 && !context->setOptimizationProfileAsync(profile, stream)) throw std::runtime_error("cannot select optimisation profile");
 
     const auto& prof = chosen->profiles[profile];
     const int max_batch = prof.batch[2], min_batch = prof.batch[0];
-    const std::string input = chosen->input_name;
     const size_t image_bytes = static_cast<size_t>(h) * w * 3;
     DeviceBuffer d_input(image_bytes * max_batch);
+    std::vector<std::int32_t> host_valid(2 * static_cast<size_t>(max_batch));
+    std::unique_ptr<DeviceBuffer> d_valid;
+    if (valid_name && !valid_on_host) d_valid = std::make_unique<DeviceBuffer>(sizeof(std::int32_t) * host_valid.size());
 
     // Output buffers at the largest batch; names from the engine itself, sizes from the manifest
     // (logits/probs K, embedding d, patch_grid d * G_h * G_w at this input size).
@@ -179,13 +217,35 @@ int run(const Args& args) {
     for (size_t start = 0; start < args.images.size(); start += max_batch) {
         const int n = static_cast<int>(std::min<size_t>(max_batch, args.images.size() - start));
         const int fed = std::max(n, min_batch);  // pad up to the profile's minimum with the last image
-        for (int i = 0; i < fed; ++i) {
-            const auto img = vitdeploy::load_for_model(args.images[start + std::min(i, n - 1)], bundle, h, w);
-            std::memcpy(host_in.data() + i * image_bytes, img.pixels.data(), image_bytes);
+        if (variable.enabled) {
+            // Each image at its own whole-patch size, top-left in the canvas; mixed sizes share the batch.
+            std::vector<vitdeploy::Image> fitted;
+            for (int i = 0; i < n; ++i) fitted.push_back(vitdeploy::load_for_canvas(args.images[start + i], bundle, policy));
+            while (static_cast<int>(fitted.size()) < fed) fitted.push_back(fitted.back());
+            const vitdeploy::CanvasBatch batch = vitdeploy::pad_to_canvas(fitted, h, w);
+            vitdeploy::check_valid_hw(batch.valid_hw, variable);  // refused in one line before the call, never clamped
+            std::memcpy(host_in.data(), batch.images.data(), batch.images.size());
+            std::copy(batch.valid_hw.begin(), batch.valid_hw.end(), host_valid.begin());
+        } else {
+            for (int i = 0; i < fed; ++i) {
+                const auto img = vitdeploy::load_for_model(args.images[start + std::min(i, n - 1)], bundle, h, w);
+                std::memcpy(host_in.data() + i * image_bytes, img.pixels.data(), image_bytes);
+            }
         }
         cuda_check(cudaMemcpyAsync(d_input.ptr, host_in.data(), image_bytes * fed, cudaMemcpyHostToDevice, stream), "copy to GPU");
         if (!context->setInputShape(input.c_str(), nvinfer1::Dims4{fed, h, w, 3})) throw std::runtime_error("setInputShape rejected the batch");
         context->setTensorAddress(input.c_str(), d_input.ptr);
+        if (valid_name) {
+            if (!context->setInputShape(valid_name, nvinfer1::Dims2{fed, 2}))
+                throw std::runtime_error(variable.valid_input + ": setInputShape rejected [" + std::to_string(fed) + ", 2]");
+            if (valid_on_host) {
+                context->setTensorAddress(valid_name, host_valid.data());
+            } else {
+                cuda_check(cudaMemcpyAsync(d_valid->ptr, host_valid.data(), sizeof(std::int32_t) * 2 * fed, cudaMemcpyHostToDevice, stream),
+                           "copy valid_hw to GPU");
+                context->setTensorAddress(valid_name, d_valid->ptr);
+            }
+        }
         for (auto& [name, buf] : outputs) context->setTensorAddress(name.c_str(), buf->ptr);
         if (!context->enqueueV3(stream)) throw std::runtime_error("enqueueV3 failed");
         cuda_check(cudaMemcpyAsync(host_out.data(), outputs[answer]->ptr, sizeof(float) * classes * n, cudaMemcpyDeviceToHost, stream), "copy from GPU");

@@ -15,8 +15,22 @@ namespace vitdeploy {
 // How the host turns an arbitrary image into the model's input size (manifest preprocessing.host_resize).
 struct HostResize {
     std::string mode = "stretch";          // "stretch" | "shorter-side-center-crop"
-    std::string interpolation = "bilinear";  // "bilinear" | "bicubic" | "nearest" (the example's resampler)
+    std::string interpolation = "bilinear";  // a Pillow filter: nearest, box, bilinear, hamming, bicubic, lanczos
     double crop_pct = 0.0;                 // 0: none (a crop_pct of 1)
+};
+
+// The two-input contract of a variable-size bundle (`vitdeploy export --variable-size --canvas HxW`,
+// manifest preprocessing.variable_size): the graph takes `images` uint8 [B, canvas_h, canvas_w, 3]
+// with each image top-left in its canvas and `valid_input` int32 [B, 2] = (valid height, width).
+// Valid sizes are whole patches (round_to) within the canvas; the host fits each image by a policy.
+struct VariableSize {
+    bool enabled = false;                    // false: a single-input graph
+    int canvas_h = 0, canvas_w = 0;
+    int round_h = 0, round_w = 0;            // valid sizes are multiples of these (the patch size)
+    std::string valid_input = "valid_hw";
+    std::string placement = "top-left";
+    std::string host_policy = "fit-within";  // "fit-within" | "shrink-within" | "none"
+    std::string rule;                        // the declared rule, as the manifest words it
 };
 
 struct Preprocessing {
@@ -27,6 +41,7 @@ struct Preprocessing {
     bool in_graph_resize = false;  // the graph resizes any input to resize_to_h x resize_to_w
     int resize_to_h = 0, resize_to_w = 0;
     HostResize host_resize;
+    VariableSize variable_size;  // enabled for two-input (images, valid_hw) graphs
 };
 
 // One optimisation profile of an engine: {min, opt, max} per axis.
@@ -76,9 +91,12 @@ struct Bundle {
     std::vector<EngineInfo> engines;
     std::vector<std::string> engine_errors;  // listed engines whose engine.json could not be read
 
-    // (H, W) the host feeds: fixed by a static graph, the resize target of a graph that resizes
-    // inside, else `requested` (or the manifest's default) checked against the patch size.
-    // Mirrors vitdeploy.images.model_input_size. Pass {0, 0} for "no request".
+    bool variable_size() const { return preprocessing.variable_size.enabled; }
+
+    // (H, W) the host feeds: fixed by a static graph (the canvas of a variable-size graph), the
+    // resize target of a graph that resizes inside, else `requested` (or the manifest's default)
+    // checked against the patch size. Mirrors vitdeploy.images.model_input_size. Pass {0, 0} for
+    // "no request".
     std::pair<int, int> input_size(std::pair<int, int> requested = {0, 0}) const;
 
     bool has_output(const std::string& name) const;
@@ -94,5 +112,8 @@ EngineInfo read_engine(const std::string& engine_dir, const std::string& target)
 
 // TensorRT versions as engine.json writes them ("10.3.0") -> {major, minor, patch}.
 std::array<int, 3> parse_version(const std::string& text);
+
+// Throws (one line) unless `policy` is fit-within, shrink-within or none.
+void check_policy(const std::string& policy);
 
 }  // namespace vitdeploy

@@ -1,10 +1,10 @@
 // Host-side image handling for a vitdeploy graph: decode to uint8 RGB HWC, turn photos upright
 // (EXIF), apply the manifest's resize rule, and put channels in the graph's order.
 //
-// Decoding is stb_image, EXIF is libexif, resampling is stb_image_resize. The resize *geometry*
-// (crop_pct, shorter side, centre crop) is the same arithmetic as vitdeploy.images.resize_geometry
-// (timm's eval transform); the resampling filter approximates Pillow's (triangle ~ bilinear,
-// Catmull-Rom ~ bicubic, both antialiased when shrinking), so pixels differ by a level or two.
+// Decoding is stb_image, EXIF is libexif, resampling is Pillow's algorithm (resample.hpp). The
+// resize *geometry* (crop_pct, shorter side, centre crop) is the same arithmetic as
+// vitdeploy.images.resize_geometry (timm's eval transform), so for the same decoded pixels (PNG,
+// BMP, ...) the tensor is byte-identical to Python's; JPEG decoders differ by a level or two.
 #pragma once
 
 #include <cstdint>
