@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,6 +25,10 @@ HAS_GPU = _has_gpu()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist (`make test`: one worker per core) each worker's ONNX Runtime sessions take
+    # one thread unless a test asks for more; the CLI subprocesses the tests start inherit it.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("VITDEPLOY_ORT_THREADS", "1")
     # The reference models in these tests are small: one torch thread beats two on this 2-core
     # machine, where ONNX Runtime's spinning pool and torch's OpenMP pool otherwise contend
     # (measured: the digits model at batch 16 took 20 ms on one thread, 250 ms on two under load).

@@ -313,3 +313,19 @@ def test_tensorrt_classifier_matches_ort_on_a_real_engine(tmp_path):
     imgs = np.concatenate([sample_images()] * 3)
     ort = Classifier.load(bundle.root, prefer=("onnxruntime",))
     np.testing.assert_allclose(trt.probabilities(imgs), ort.probabilities(imgs), atol=1e-4)
+
+
+def test_ort_sessions_take_their_default_threads_from_the_environment(digits_bundle, monkeypatch):
+    """VITDEPLOY_ORT_THREADS sets the intra-op threads of sessions that ask for none (several processes
+    on one machine); an explicit count still wins, and a bad value is one line."""
+    from vitdeploy.errors import UserError
+    from vitdeploy.runtime.ort import OrtRunner
+
+    graph = digits_bundle.artifact_path("fp32")
+    monkeypatch.setenv("VITDEPLOY_ORT_THREADS", "1")
+    runner = OrtRunner(graph)
+    assert runner.info.details["threads"] == 1 and runner.session.get_session_options().intra_op_num_threads == 1
+    assert OrtRunner(graph, threads=2).session.get_session_options().intra_op_num_threads == 2
+    monkeypatch.setenv("VITDEPLOY_ORT_THREADS", "two")
+    with pytest.raises(UserError, match="VITDEPLOY_ORT_THREADS='two': expected a whole number"):
+        OrtRunner(graph)

@@ -17,6 +17,22 @@ from .base import Runner, RunnerInfo, TensorInfo
 _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 
+THREADS_ENV = "VITDEPLOY_ORT_THREADS"
+
+
+def default_threads() -> int | None:
+    """Intra-op threads for a session that asks for none: ``VITDEPLOY_ORT_THREADS`` when set, else
+    ONNX Runtime's own default (one per core). Several processes sharing one machine (pytest-xdist
+    workers, one server process per model instance) each start a pool of one spinning thread per
+    core; on a 2-core VM two such pools cost more than they compute (docs/DESIGN.md, "Test tiers")."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"{THREADS_ENV}={value!r}: expected a whole number of threads >= 1 (or unset for one per core)")
+    return int(value)
+
+
 def default_providers() -> list[str]:
     ort = require("onnxruntime")
     available = ort.get_available_providers()
@@ -46,6 +62,7 @@ class OrtRunner(Runner):
             # ORT's idle threads spin after each run; when PyTorch runs next on the same cores
             # (verification alternates them) the spinning steals its CPU time.
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        threads = threads or default_threads()
         if threads:
             opts.intra_op_num_threads = int(threads)
             opts.inter_op_num_threads = 1
