@@ -70,6 +70,14 @@ def export_cached(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any
 
 
 @pytest.fixture(scope="session")
+def stub_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the gcc-built TensorRT stand-in libraries are kept (tests/trt_stubs), across sessions when
+    pytest's cache is on."""
+    cache = getattr(request.config, "cache", None)
+    return Path(cache.mkdir("trt-stubs")) if cache is not None else tmp_path_factory.mktemp("trt-stubs")
+
+
+@pytest.fixture(scope="session")
 def digits_bundle(export_cached: Callable[..., Any]) -> Any:
     """The bundled trained digits model, exported (fp32), verified against PyTorch on 64 images."""
     return export_cached("builtin:digits")

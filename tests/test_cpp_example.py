@@ -288,21 +288,26 @@ def test_cpp_canvas_guards_and_errors_are_one_line(prep, digits_variable, variab
     assert "vitdeploy-prep preprocess" in refused("canvas", fixed.root, out, exact)
 
 
-@pytest.mark.gpu
-def test_cpp_classify_with_tensorrt_matches_python(tmp_path):
-    """Build `classify` against TensorRT and run it on an engine built here (GPU machines only)."""
+def _build_with_tensorrt(build):
+    """The example with `classify` (VITDEPLOY_TENSORRT=ON); skips without a GPU or TensorRT's C++ SDK."""
     pytest.importorskip("tensorrt")
     if shutil.which("nvidia-smi") is None:
         pytest.skip("no NVIDIA GPU")
-    from click.testing import CliRunner
-
-    from vitdeploy.cli import main
-
-    build = tmp_path / "build"
     configure = run(["cmake", "-S", CPP, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DVITDEPLOY_TENSORRT=ON"])
     if configure.returncode != 0:
         pytest.skip(f"TensorRT C++ headers/libraries not found: {configure.stderr.strip()[-300:]}")
     assert run(["cmake", "--build", build, "--parallel", "4"]).returncode == 0
+    return build
+
+
+@pytest.mark.gpu
+def test_cpp_classify_with_tensorrt_matches_python(tmp_path):
+    """Build `classify` against TensorRT and run it on an engine built here (GPU machines only)."""
+    build = _build_with_tensorrt(tmp_path / "build")
+    from click.testing import CliRunner
+
+    from vitdeploy.cli import main
+
     bundle = make_bundle(tmp_path / "b")
     built = CliRunner().invoke(main, ["build-engine", str(bundle.root), "--precision", "fp32", "--batch", "1:4:8"])
     assert built.exit_code == 0, built.output
@@ -320,18 +325,11 @@ def test_cpp_classify_with_tensorrt_matches_python(tmp_path):
 @pytest.mark.slow
 def test_cpp_classify_variable_size_engine_matches_python(digits_variable, variable_photos, tmp_path):
     """`classify` on a two-input engine: mixed sizes in one batch, same top-1 as Python on ORT (GPU only)."""
-    pytest.importorskip("tensorrt")
-    if shutil.which("nvidia-smi") is None:
-        pytest.skip("no NVIDIA GPU")
+    build = _build_with_tensorrt(tmp_path / "build")
     from click.testing import CliRunner
 
     from vitdeploy.cli import main
 
-    build = tmp_path / "build"
-    configure = run(["cmake", "-S", CPP, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DVITDEPLOY_TENSORRT=ON"])
-    if configure.returncode != 0:
-        pytest.skip(f"TensorRT C++ headers/libraries not found: {configure.stderr.strip()[-300:]}")
-    assert run(["cmake", "--build", build, "--parallel", "4"]).returncode == 0
     root = tmp_path / "bundle"
     shutil.copytree(digits_variable.root, root)
     built = CliRunner().invoke(main, ["build-engine", str(root), "--precision", "fp32", "--batch", "1:4:8"])

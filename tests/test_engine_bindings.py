@@ -23,16 +23,10 @@ from pathlib import Path
 
 import pytest
 from engine_fixtures import write_bundle
-from trt_stubs import BINDING_VERSIONS, PYTHON, bindings_root, build_stubs, probe_env
+from trt_stubs import BINDING_VERSIONS, PYTHON, installed_bindings, probe_env
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "trt_stubs" / "probe.py"
-
-
-@pytest.fixture(scope="session")
-def stub_cache(request, tmp_path_factory) -> Path:
-    cache = getattr(request.config, "cache", None)
-    return Path(cache.mkdir("trt-stubs")) if cache is not None else tmp_path_factory.mktemp("trt-stubs")
 
 
 @pytest.fixture(scope="session")
@@ -48,13 +42,7 @@ _results: dict[str, dict] = {}
 def probed(request, stub_cache, probe_bundles, tmp_path_factory) -> dict:
     version = request.param
     if version not in _results:
-        bindings = bindings_root(REPO) / version
-        if not (bindings / "tensorrt_bindings" / "__init__.py").is_file():
-            pytest.skip(f"TensorRT {version} bindings not installed in {bindings.parent}: run scripts/install_trt_bindings.sh {bindings.parent} (make setup does)")
-        try:
-            stubs = build_stubs(stub_cache, int(version.split(".")[0]))
-        except FileNotFoundError as exc:
-            pytest.skip(str(exc))
+        bindings, stubs = installed_bindings(REPO, version, stub_cache)
         work = tmp_path_factory.mktemp(f"probe-{version}")
         static, dynamic = probe_bundles
         proc = subprocess.run(

@@ -26,6 +26,7 @@ import pytest
 from click.testing import CliRunner
 
 from vitdeploy.cli import main
+from trt_stubs import BINDING_VERSIONS
 
 pytestmark = pytest.mark.slow
 
@@ -192,23 +193,11 @@ print(json.dumps({
 '''
 
 
-@pytest.fixture(scope="module")
-def stub_cache(request, tmp_path_factory) -> Path:
-    cache = getattr(request.config, "cache", None)
-    return Path(cache.mkdir("trt-stubs")) if cache is not None else tmp_path_factory.mktemp("trt-stubs")
-
-
-@pytest.mark.parametrize("version", ["8.6.1", "10.3.0", "10.16.1.11", "11.4.0.106"])
+@pytest.mark.parametrize("version", BINDING_VERSIONS)
 def test_builder_sets_a_profile_for_both_inputs_on_the_real_bindings(version, variable_bundle, stub_cache, tmp_path):
-    from trt_stubs import PYTHON, bindings_root, build_stubs, probe_env
+    from trt_stubs import PYTHON, installed_bindings, probe_env
 
-    bindings = bindings_root(REPO) / version
-    if not (bindings / "tensorrt_bindings" / "__init__.py").is_file():
-        pytest.skip(f"TensorRT {version} bindings not installed (scripts/install_trt_bindings.sh, run by make setup)")
-    try:
-        stubs = build_stubs(stub_cache, int(version.split(".")[0]))
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    bindings, stubs = installed_bindings(REPO, version, stub_cache)
     script = tmp_path / "probe_variable.py"
     script.write_text(PROBE)
     proc = subprocess.run([PYTHON, str(script), str(variable_bundle)], env=probe_env(bindings, stubs, REPO),

@@ -197,6 +197,9 @@ def test_check_scores_fp32_fp16_and_int8(digits_all: Bundle, tmp_path) -> None:
             assert {"logits cosine (1st percentile of rows) on task", "probs cosine (1st percentile of rows) on task"} <= gates
             assert entry["placement"]["mask_path"]["mask_path_nodes"] > 0 and not entry["placement"]["violations"]
     assert "fp16 / onnxruntime" in result.output and "int8 / reference (fake-quant)" in result.output
+    task = report["task"]  # the fp32 graph's mixed-size task check
+    assert task["distinct_sizes"] >= 5 and task["top1_agreement"] == 1.0 and task["max_abs"] <= 1e-4
+    assert task["accuracy"] >= 0.9  # aspect ratios up to 3:1 on 8x8-pixel digits (99.7% at the native size)
 
 
 # -- GAP: the masked mean ----------------------------------------------------------------------

@@ -58,3 +58,17 @@ def probe_env(bindings_dir: Path, stub_dir: Path, repo: Path) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def installed_bindings(repo: Path, version: str, cache_root: Path) -> tuple[Path, Path]:
+    """(bindings folder, stand-in libraries) for ``version``; skips the test when either is missing."""
+    import pytest
+
+    bindings = bindings_root(repo) / version
+    if not (bindings / "tensorrt_bindings" / "__init__.py").is_file():
+        pytest.skip(f"TensorRT {version} bindings not installed in {bindings.parent}: run scripts/install_trt_bindings.sh "
+                    f"{bindings.parent} (make setup does)")
+    try:
+        return bindings, build_stubs(cache_root, int(version.split(".")[0]))
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
