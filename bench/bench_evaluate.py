@@ -4,6 +4,7 @@
     # wall time of the default suite (every graph of the bundle + the PyTorch reference), N runs:
     python bench/bench_evaluate.py time demo-bundle --runs 3              # the CLI's default scheduling
     python bench/bench_evaluate.py time demo-bundle --runs 3 --threads 1
+    python bench/bench_evaluate.py time demo-bundle --runs 2 -- --ladder fine   # options after -- go to evaluate
     # two digits models (plain vs Mixup-trained) under the same suite: the ship decision
     python bench/bench_evaluate.py compare plain/reports/evaluate.json mixup/reports/evaluate.json
 
@@ -105,13 +106,16 @@ def main() -> None:
     t.add_argument("--runs", type=int, default=3)
     t.add_argument("--threads", type=int, default=None, help="per scorer [default: none given, the CLI's default]")
     t.add_argument("--json", default=None, help="write the runs here")
-    t.add_argument("extra", nargs="*", help="more `vitdeploy evaluate` options (after --)")
     c = sub.add_parser("compare")
     c.add_argument("first")
     c.add_argument("second")
     c.add_argument("--scorer", default="onnx fp32")
     c.add_argument("--names", nargs=2, default=["plain", "mixup"])
-    args = p.parse_args()
+    # `time B --runs 2 -- --ladder fine`: what follows -- goes to `vitdeploy evaluate` as is
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.extra = extra
     (time_suite if args.cmd == "time" else compare)(args)
 
 

@@ -21,7 +21,8 @@ from vitdeploy.preprocess import random_images
 
 from .features import describe_outputs, output_doc, resolve_outputs
 from .graph import INPUT_FORMATS, DeployGraph
-from .onnx_export import OPSET, export_graph, module_output_map, patch_embed_tensors, simplify_if_identical, strip_trace_metadata
+from .onnx_export import (OPSET, export_graph, module_output_map, ort_difference, patch_embed_tensors, run_onnxslim,
+                          simplify_if_identical, strip_trace_metadata)
 from .regrid import make_dynamic, regrid_static
 from .sources import LoadedModel, load_source
 from .verify import verify_export  # noqa: F401 - export() calls it through this module (tests patch it here)
@@ -104,61 +105,95 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     log(f"exported with torch.onnx (dynamo, opset {opts.opset}) in {seconds:.1f} s: {len(model_proto.graph.node)} nodes")
     strip_trace_metadata(model_proto)
     modules = module_output_map(model_proto, [f"model.{m}" for m in torch_module_names(variant)])
-    simplify_record: dict[str, Any] = {"simplifier": None}
-    slim_timing: dict[str, Any] = {}
-    if opts.simplify:
-        probe = _probe(opts, height, width, variant.spec.patch_size)
-        model_proto, simplify_record = simplify_if_identical(model_proto, probe)
-        # timings stay out of the graph's manifest (its bytes must not change from one export to the next)
-        slim_timing = {k: simplify_record.pop(k) for k in ("slim_s", "identity_check_s") if k in simplify_record}
-        slim_timing["probe_hw"] = list(probe.shape[1:3] if opts.input_format == "uint8-nhwc" else probe.shape[2:4])
-        took = (f" in {slim_timing['slim_s']:.1f} s + identity check {slim_timing['identity_check_s']:.1f} s "
-                f"at {slim_timing['probe_hw'][0]}x{slim_timing['probe_hw'][1]}") if "slim_s" in slim_timing else ""
-        log(f"simplified with onnxslim (outputs identical){took}" if simplify_record.get("applied")
-            else f"kept the exporter's graph: {simplify_record.get('reason')}")
-    tensors = {node_out for node in model_proto.graph.node for node_out in node.output}
-    modules = {m: t for m, t in modules.items() if t in tensors}  # a simplifier may rename a few
     grid_of = (f"model input after the in-graph resize to {height}x{width}" if opts.resize else "input image")
     output_details = describe_outputs(variant, outputs, opts.normalize_embedding, dynamic_grid=opts.dynamic_resolution, grid_of=grid_of)
-    _document_outputs(model_proto, output_details)
 
-    manifest = manifest_head(out_dir, loaded, variant.spec, preprocessing, resolution, opts.opset)
-    manifest["graph"].update({
-            "input": {"name": "images", "dtype": "uint8" if opts.input_format == "uint8-nhwc" else "float32",
-                      "layout": "NHWC" if opts.input_format == "uint8-nhwc" else "NCHW"},
-            "outputs": list(outputs),
-            # what each output holds: shape, read-out, normalisation, grid order, dropped tokens
-            "output_details": output_details,
-            # ONNX tensors holding PyTorch module outputs (for `check` localisation) and the
-            # patch-embedding Conv (for the preprocessing and patch-grid protocol checks)
-            "module_outputs": {m.removeprefix("model."): t for m, t in modules.items()},
-            "patch_embed": patch_embed_tensors(model_proto) if opts.input_format == "uint8-nhwc" else None,
-            **{f"simplify_{k}": v for k, v in simplify_record.items()},
-    })
-    # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights
-    # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
-    manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"],
-                                      **({"simplify": slim_timing} if opts.simplify else {})}}
-    with staged_directory(out_dir) as stage:
-        _write_graph(stage / ARTIFACT_FILES["fp32"], model_proto, manifest)
-        write_labels(stage / LABELS, loaded.labels)
-        fp32_sha = sha256_file(stage / ARTIFACT_FILES["fp32"])
-        manifest["artifacts"] = {"fp32": {"file": ARTIFACT_FILES["fp32"], "sha256": fp32_sha, "bytes": (stage / ARTIFACT_FILES["fp32"]).stat().st_size}}
-        _carry_over(out_dir, stage, manifest, fp32_sha, log)
-        atomic_write_json(stage / MANIFEST, manifest)
-        bundle = Bundle(stage, manifest)
-        if opts.check:
-            record = verify_export(bundle, variant, opts.check_images, log)
-            manifest.setdefault("records", {})["export_check"] = record
+    def finish(proto: Any, simplify_record: dict[str, Any], slim_timing: dict[str, Any]) -> Bundle:
+        """Write the bundle around ``proto`` and verify it (CheckFailed leaves nothing written)."""
+        tensors = {node_out for node in proto.graph.node for node_out in node.output}
+        kept_modules = {m: t for m, t in modules.items() if t in tensors}  # a simplifier may rename a few
+        _document_outputs(proto, output_details)
+        manifest = manifest_head(out_dir, loaded, variant.spec, preprocessing, resolution, opts.opset)
+        manifest["graph"].update({
+                "input": {"name": "images", "dtype": "uint8" if opts.input_format == "uint8-nhwc" else "float32",
+                          "layout": "NHWC" if opts.input_format == "uint8-nhwc" else "NCHW"},
+                "outputs": list(outputs),
+                # what each output holds: shape, read-out, normalisation, grid order, dropped tokens
+                "output_details": output_details,
+                # ONNX tensors holding PyTorch module outputs (for `check` localisation) and the
+                # patch-embedding Conv (for the preprocessing and patch-grid protocol checks)
+                "module_outputs": {m.removeprefix("model."): t for m, t in kept_modules.items()},
+                "patch_embed": patch_embed_tensors(proto) if opts.input_format == "uint8-nhwc" else None,
+                **{f"simplify_{k}": v for k, v in simplify_record.items()},
+        })
+        # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights
+        # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
+        manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"],
+                                          **({"simplify": slim_timing} if opts.simplify else {})}}
+        with staged_directory(out_dir) as stage:
+            _write_graph(stage / ARTIFACT_FILES["fp32"], proto, manifest)
+            write_labels(stage / LABELS, loaded.labels)
+            fp32_sha = sha256_file(stage / ARTIFACT_FILES["fp32"])
+            manifest["artifacts"] = {"fp32": {"file": ARTIFACT_FILES["fp32"], "sha256": fp32_sha,
+                                              "bytes": (stage / ARTIFACT_FILES["fp32"]).stat().st_size}}
+            _carry_over(out_dir, stage, manifest, fp32_sha, log)
             atomic_write_json(stage / MANIFEST, manifest)
-            if not record["passed"]:
-                raise CheckFailed(f"exported graph does not match PyTorch: {'; '.join(record['failures'])} (bundle not written)")
-        if "fp16" in opts.precisions:
-            from .fp16 import add_fp16_to_bundle
+            bundle = Bundle(stage, manifest)
+            if opts.check:
+                record = verify_export(bundle, variant, opts.check_images, log)
+                manifest.setdefault("records", {})["export_check"] = record
+                atomic_write_json(stage / MANIFEST, manifest)
+                if not record["passed"]:
+                    raise CheckFailed(f"exported graph does not match PyTorch: {'; '.join(record['failures'])} (bundle not written)")
+            if "fp16" in opts.precisions:
+                from .fp16 import add_fp16_to_bundle
 
-            add_fp16_to_bundle(bundle, keep_fp32_ops=opts.keep_fp32)
-            log("wrote model.fp16.onnx (LayerNorm, Softmax and preprocessing kept in fp32)")
-    return Bundle.open(out_dir)
+                add_fp16_to_bundle(bundle, keep_fp32_ops=opts.keep_fp32)
+                log("wrote model.fp16.onnx (LayerNorm, Softmax and preprocessing kept in fp32)")
+        return Bundle.open(out_dir)
+
+    if not opts.simplify:
+        return finish(model_proto, {"simplifier": None}, {})
+    probe = _probe(opts, height, width, variant.spec.patch_size)
+    probe_hw = list(probe.shape[1:3] if opts.input_format == "uint8-nhwc" else probe.shape[2:4])
+    if not opts.check:
+        # nothing verifies the graph afterwards: onnxslim's graph must give bit-identical ORT outputs
+        proto, record = simplify_if_identical(model_proto, probe)
+        timing = _pop_timing(record, probe_hw)
+        took = (f" in {timing['slim_s']:.1f} s + identity check {timing['identity_check_s']:.1f} s "
+                f"at {probe_hw[0]}x{probe_hw[1]}") if "identity_check_s" in timing else ""
+        log(f"simplified with onnxslim (outputs identical){took}" if record.get("applied")
+            else f"kept the exporter's graph: {record.get('reason')}")
+        return finish(proto, record, timing)
+    # The verification against PyTorch that follows gates onnxslim's graph like any other: a separate
+    # identity check would build two more ORT sessions of the whole graph (ViT-B/16: 7-10 s and the
+    # export's peak memory). Only when that verification fails does the probe say whose fault it is.
+    slim, record = run_onnxslim(model_proto)
+    if slim is None:
+        log(f"kept the exporter's graph: {record.get('reason')}")
+        return finish(model_proto, record, _pop_timing(record, None))
+    record["gate"] = "the export's verification against PyTorch"
+    timing = _pop_timing(record, None)
+    log(f"simplified with onnxslim in {timing['slim_s']:.1f} s: {record['nodes_before']} -> {record['nodes_after']} nodes "
+        "(gated by the verification below)")
+    try:
+        return finish(slim, record, timing)
+    except CheckFailed as failure:
+        worst = ort_difference(model_proto, slim, probe)  # onnxslim returns a new graph, the exporter's is intact
+        if worst == 0.0:
+            raise  # onnxslim's graph computes what the exporter's does: the export itself is wrong
+        log(f"onnxslim's graph failed the verification ({failure}) and differs from the exporter's graph on a "
+            f"{probe_hw[0]}x{probe_hw[1]} probe (max |d| {worst:.3g}): verifying the exporter's graph instead")
+        kept = {"simplifier": "onnxslim", "applied": False, "reason": f"outputs changed (max |d| {worst:.3g}) and failed verification"}
+        return finish(model_proto, kept, {**timing, "probe_hw": probe_hw})
+
+
+def _pop_timing(record: dict[str, Any], probe_hw: list[int] | None) -> dict[str, Any]:
+    """Timings stay out of the graph's manifest (its bytes must not change from one export to the next)."""
+    timing = {k: record.pop(k) for k in ("slim_s", "identity_check_s") if k in record}
+    if probe_hw is not None:
+        timing["probe_hw"] = probe_hw
+    return timing
 
 
 def _validate_outputs(opts: ExportOptions) -> None:

@@ -13,7 +13,6 @@ import contextlib
 import io
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -149,19 +148,14 @@ def _name_grid_axes(model: Any) -> None:
                 dims[axis].dim_param = name
 
 
-def simplify_if_identical(model: Any, probe: np.ndarray) -> tuple[Any, dict[str, Any]]:
-    """Run onnxslim and keep its graph only if ORT outputs stay identical on ``probe``.
-
-    Simplifiers may fold or drop nodes; we accept the cleaner graph only when every output is
-    bit-identical on real-looking input, otherwise keep the exporter's graph and say why.
-    """
+def run_onnxslim(model: Any) -> tuple[Any | None, dict[str, Any]]:
+    """onnxslim's graph (or None, with the reason) and a record; no gate yet: the caller decides
+    whether ORT identity on a probe or the verification against PyTorch accepts it."""
     from vitdeploy.lazy import available
 
     if not available("onnxslim"):
-        return model, {"simplifier": None, "reason": "onnxslim not installed"}
+        return None, {"simplifier": None, "reason": "onnxslim not installed"}
     import onnxslim
-
-    from vitdeploy.runtime.ort import OrtRunner
 
     start = time.perf_counter()
     try:
@@ -171,16 +165,38 @@ def simplify_if_identical(model: Any, probe: np.ndarray) -> tuple[Any, dict[str,
         # in 2.0 instead of 11.4 s for ViT-B/16 (docs/BENCHMARKS.md, "Export at real model sizes")
         slim = onnxslim.slim(model, no_shape_infer=True)
     except Exception as exc:  # a simplifier bug must not break the export
-        return model, {"simplifier": "onnxslim", "applied": False, "reason": f"onnxslim failed: {exc.__class__.__name__}"}
-    seconds = time.perf_counter() - start
+        return None, {"simplifier": "onnxslim", "applied": False, "reason": f"onnxslim failed: {exc.__class__.__name__}"}
+    return slim, {"simplifier": "onnxslim", "version": onnxslim.__version__, "applied": True,
+                  "nodes_before": len(model.graph.node), "nodes_after": len(slim.graph.node),
+                  "slim_s": round(time.perf_counter() - start, 2)}
+
+
+def simplify_if_identical(model: Any, probe: np.ndarray) -> tuple[Any, dict[str, Any]]:
+    """Run onnxslim and keep its graph only if ORT outputs stay identical on ``probe``.
+
+    Simplifiers may fold or drop nodes; we accept the cleaner graph only when every output is
+    bit-identical on real-looking input, otherwise keep the exporter's graph and say why. This is
+    the gate when the export is not verified against PyTorch (--no-check); a verified export gates
+    the simplified graph by that verification instead (exporters/api.py), which runs anyway.
+    """
+    slim, record = run_onnxslim(model)
+    if slim is None:
+        return model, record
     start = time.perf_counter()
+    worst = ort_difference(model, slim, probe)
+    record["identity_check_s"] = round(time.perf_counter() - start, 2)
+    if worst == 0.0:
+        return slim, {**record, "gate": "ORT outputs bit-identical to the exporter's graph on a probe"}
+    return model, {"simplifier": "onnxslim", "applied": False, "reason": f"outputs changed (max |d| {worst:.3g})",
+                   **{k: record[k] for k in ("slim_s", "identity_check_s")}}
+
+
+def ort_difference(model: Any, other: Any, probe: np.ndarray) -> float:
+    """Largest |difference| between two graphs' ORT outputs on ``probe`` (0.0: bit-identical)."""
+    from vitdeploy.runtime.ort import OrtRunner
+
     before = OrtRunner(model.SerializeToString(), threads=1).infer(probe)
-    after = OrtRunner(slim.SerializeToString(), threads=1).infer(probe)
-    timing = {"slim_s": round(seconds, 2), "identity_check_s": round(time.perf_counter() - start, 2)}
-    identical = all(np.array_equal(before[k], after[k]) for k in before)
-    nodes = (len(model.graph.node), len(slim.graph.node))
-    if identical:
-        return slim, {"simplifier": "onnxslim", "version": onnxslim.__version__, "applied": True, "nodes_before": nodes[0],
-                      "nodes_after": nodes[1], **timing}
-    worst = max(float(np.abs(before[k].astype(np.float64) - after[k]).max()) for k in before)
-    return model, {"simplifier": "onnxslim", "applied": False, "reason": f"outputs changed (max |d| {worst:.3g})", **timing}
+    after = OrtRunner(other.SerializeToString(), threads=1).infer(probe)
+    if all(np.array_equal(before[k], after[k]) for k in before):
+        return 0.0
+    return max(float(np.abs(before[k].astype(np.float64) - after[k]).max()) for k in before)

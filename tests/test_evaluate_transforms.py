@@ -169,3 +169,17 @@ def test_evaluate_imports_without_heavy_modules() -> None:
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_the_default_ladder_is_a_shorter_subset_of_the_fine_one():
+    default = parse_suite("all")
+    fine = parse_suite("all", ladder="fine")
+    assert [t.name for t, _ in default] == [t.name for t, _ in fine] == list(TRANSFORMS)
+    assert 1 + sum(len(levels) for _, levels in default) == 29  # conditions with clean
+    assert 1 + sum(len(levels) for _, levels in fine) == 42
+    for (transform, short), (_, full) in zip(default, fine):
+        assert 2 <= len(short) <= len(full)
+        assert set(short) <= set(full), transform.name
+        assert short[-1] == full[-1], transform.name  # the most severe step is in both
+    with pytest.raises(UserError, match="unknown ladder 'coarse'; choose from default, fine"):
+        parse_suite("all", ladder="coarse")

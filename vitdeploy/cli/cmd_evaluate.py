@@ -20,8 +20,11 @@ _FILLS = ("mean", "gray", "black", "white", "border")
 @click.option("--suite", default="all", show_default=True,
               help="Shift transforms: all, none, or comma-separated names (crop, scale, jpeg, occlusion, occlusion-aligned, "
                    "background-solid, background-noise, background-texture, brightness, contrast).")
+@click.option("--ladder", type=click.Choice(["default", "fine"]), default="default", show_default=True,
+              help="Severities per transform: default (2-4 each, mild to severe: 29 conditions with clean) or fine "
+                   "(3-6 each, the steps between added: 42 conditions).")
 @click.option("--severity", "severities", multiple=True, metavar="NAME=V1,V2",
-              help="Severities of one transform instead of its defaults, e.g. jpeg=90,50,10 (repeatable).")
+              help="Severities of one transform instead of its ladder, e.g. jpeg=90,50,10 (repeatable).")
 @click.option("--resolutions", default=None, help="Also score clean accuracy at these sizes (N or HxW, comma-separated).")
 @click.option("--max-drop", type=float, default=2.0, show_default=True,
               help="Flag, in points: accuracy below the native size's (resolutions); agreement with the reference below clean (shift).")
@@ -45,7 +48,7 @@ _FILLS = ("mean", "gray", "black", "white", "border")
               help="Write the reports here instead of the bundle's reports/ folder.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the summary.")
-def command(bundle, images, data, precision, suite, severities, resolutions, max_drop, occlusion_fill, seed, batch, limit, threads,
+def command(bundle, images, data, precision, suite, ladder, severities, resolutions, max_drop, occlusion_fill, seed, batch, limit, threads,
             no_reference, skip_unreadable, occlusion_map, occlusion_patch, occlusion_stride, out_dir, no_plot, as_json):
     """Is the deployed model fit for the conditions it will meet? Accuracy of every graph in BUNDLE
     (fp32, fp16, int8 in the execution it targets; TensorRT engines where they run) and of the
@@ -99,7 +102,7 @@ def command(bundle, images, data, precision, suite, severities, resolutions, max
     from ..evaluate.run import EvaluateOptions, run_evaluate
 
     options = EvaluateOptions(
-        data=data, precisions=split_csv(precision) or None, suite=suite, severities=tuple(severities),
+        data=data, precisions=split_csv(precision) or None, suite=suite, ladder=ladder, severities=tuple(severities),
         resolutions=[parse_resolution(r) for r in split_csv(resolutions)] or None, max_drop_pt=max_drop, seed=seed, batch=batch,
         limit=limit, threads=threads, reference=not no_reference, occlusion_fill=occlusion_fill or "mean", skip_unreadable=skip_unreadable,
     )

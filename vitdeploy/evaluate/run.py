@@ -35,6 +35,7 @@ class EvaluateOptions:
     precisions: list[str] | None = None  # default: every graph in the bundle
     suite: str = "all"  # all | none | comma-separated transform names
     severities: tuple[str, ...] = ()  # "jpeg=90,50,10" overrides
+    ladder: str = "default"  # each transform's severities: default (29 conditions) | fine (42)
     resolutions: list[tuple[int, int]] | None = None  # resolution sweep (besides the native size)
     max_drop_pt: float = 2.0  # flag: accuracy drop vs native (resolution) / agreement drop vs clean (shift), in points
     seed: int = 0
@@ -110,7 +111,7 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
     if not opts.max_drop_pt > 0:
         raise UserError(f"--max-drop must be > 0 points, got {opts.max_drop_pt}")
     bundle = Bundle.open(path)
-    suite = parse_suite(opts.suite, opts.severities)  # bad names/severities fail before anything loads
+    suite = parse_suite(opts.suite, opts.severities, opts.ladder)  # bad names/severities fail before anything loads
     precisions = check_precisions(bundle, opts.precisions)
     size = input_size(bundle)
     resolutions = _check_resolutions(bundle, opts.resolutions, size)
@@ -167,23 +168,40 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
     # on 2 cores: two scorers at once); ONNX Runtime and PyTorch release the GIL while they compute.
     workers = scorer_workers(threads, len(scorers))
 
+    import threading
+
+    # one batch at a time per scorer: a TensorRT context and its buffers serve one call at once
+    busy = {s.id: threading.Lock() for s in scorers}
+
     def run_one(scorer: Scorer, cond_id: str, batch: np.ndarray) -> None:
-        t1 = time.perf_counter()
-        preds[scorer.id][cond_id] = scorer.predict(batch)
-        infer_s[scorer.id] += time.perf_counter() - t1
+        with busy[scorer.id]:
+            t1 = time.perf_counter()
+            preds[scorer.id][cond_id] = scorer.predict(batch)
+            infer_s[scorer.id] += time.perf_counter() - t1
 
-    from concurrent.futures import ThreadPoolExecutor
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
 
+    def settle(cond_id: str, futures: list[tuple[Scorer, Future]]) -> None:
+        for scorer, future in futures:
+            future.result()  # re-raises a scorer's error here
+            prog.step(f"{cond_id} · {scorer.id}")
+
+    # One condition ahead: the next condition's images are made while the scorers work on this one,
+    # and a worker that finishes early takes the next condition's first task instead of waiting for
+    # the slowest scorer (no barrier per condition); two conditions' images at most are held.
+    in_flight: deque[tuple[str, list[tuple[Scorer, Future]]]] = deque()
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for cond in runnable:
             t = time.perf_counter()
             images = clean if cond.transform is None else cond.transform.apply(clean, cond.severity, ctx)
             batch = to_channel_order(images, pre)
             transform_s += time.perf_counter() - t
-            futures = [(scorer, pool.submit(run_one, scorer, cond.id, batch)) for scorer in scorers]
-            for scorer, future in futures:
-                future.result()  # re-raises a scorer's error here
-                prog.step(f"{cond.id} · {scorer.id}")
+            in_flight.append((cond.id, [(scorer, pool.submit(run_one, scorer, cond.id, batch)) for scorer in scorers]))
+            if len(in_flight) > 1:
+                settle(*in_flight.popleft())
+        while in_flight:
+            settle(*in_flight.popleft())
     timing["transforms_s"] = transform_s
     timing["inference_s"] = dict(infer_s)  # per scorer; they overlap when workers > 1
     timing["workers"] = workers

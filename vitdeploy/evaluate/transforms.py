@@ -48,13 +48,19 @@ class Transform:
     family: str  # what the plot groups by: crop, scale, jpeg, occlusion, background, photometric
     unit: str  # what a severity number means
     rule: str
-    defaults: tuple[float, ...]
+    defaults: tuple[float, ...]  # the default ladder: mild to severe, 2-4 steps (LADDERS)
     low: float  # valid severities: low < s <= high (or low <= s with low_inclusive)
     high: float
     low_inclusive: bool
     fn: Callable[[np.ndarray, float, "Context", np.random.Generator], np.ndarray]
     integer: bool = False  # severities are whole numbers (JPEG quality, grey levels)
     needs_background: bool = False
+    fine: tuple[float, ...] = ()  # the fine ladder (--ladder fine): the default's steps and the ones between
+
+    def ladder(self, name: str = "default") -> tuple[float, ...]:
+        if name not in LADDERS:
+            raise UserError(f"unknown ladder {name!r}; choose from {', '.join(LADDERS)}")
+        return self.fine if name == "fine" and self.fine else self.defaults
 
     def check(self, severity: float) -> float:
         ok_low = severity >= self.low if self.low_inclusive else severity > self.low
@@ -280,40 +286,53 @@ _BG_RULE = (f"background = pixels within {BACKGROUND_TOL} (of 255, every channel
             f"for images whose border is at least {SEPARABLE_BORDER_SHARE:.0%} background (others unchanged, counted); "
             "foreground pixels untouched; ")
 
+# Ladders: the default takes 2-4 severities per transform (29 conditions with clean), mild to severe,
+# so that the whole suite on the digits bundle (360 images, 4 scorers) stays within a minute on 2 CPUs
+# (docs/BENCHMARKS.md); "fine" adds the steps between (42 conditions). Every severity's images are
+# the same in both (one seed per transform and severity), so the default is a subset of the fine one.
+LADDERS = ("default", "fine")
+
 TRANSFORMS: dict[str, Transform] = {t.name: t for t in (
     Transform("crop", "crop", "area fraction kept",
               "centred crop keeping this fraction of the image area (each side x sqrt(fraction), rounded), "
-              "resized back to the input size with Pillow bilinear", (0.81, 0.64, 0.49, 0.36, 0.25), 0.0, 1.0, False, _crop),
+              "resized back to the input size with Pillow bilinear", (0.81, 0.49, 0.25), 0.0, 1.0, False, _crop,
+              fine=(0.81, 0.64, 0.49, 0.36, 0.25)),
     Transform("scale", "scale", "object scale",
               "whole image shrunk to this fraction of each side (Pillow bilinear, antialiased), centred on a canvas of the "
-              "input size filled with the image's border median colour", (0.9, 0.75, 0.6, 0.5, 0.4), 0.0, 1.0, False, _scale),
+              "input size filled with the image's border median colour", (0.9, 0.6, 0.4), 0.0, 1.0, False, _scale,
+              fine=(0.9, 0.75, 0.6, 0.5, 0.4)),
     Transform("jpeg", "jpeg", "JPEG quality",
               "encoded with Pillow (libjpeg) at this quality, 4:2:0 chroma subsampling, then decoded",
-              (90, 70, 50, 30, 15, 5), 1, 95, True, _jpeg, integer=True),
+              (90, 50, 15, 5), 1, 95, True, _jpeg, integer=True,
+              fine=(90, 70, 50, 30, 15, 5)),
     Transform("occlusion", "occlusion", "square side / shorter image side",
               "one square per image, side = fraction x shorter side (rounded), at a seeded uniform position fully inside "
               "the image with its corner off the patch grid wherever possible (straddles patches), filled by the fill rule",
-              (0.125, 0.25, 0.375, 0.5), 0.0, 1.0, False, _occlude(aligned=False)),
+              (0.125, 0.25, 0.5), 0.0, 1.0, False, _occlude(aligned=False),
+              fine=(0.125, 0.25, 0.375, 0.5)),
     Transform("occlusion-aligned", "occlusion", "square side / shorter image side",
               "one square per image, side = fraction x shorter side rounded to whole patches (at least one), at a seeded "
               "position on the patch grid (covers whole patches), filled by the fill rule",
-              (0.125, 0.25, 0.375, 0.5), 0.0, 1.0, False, _occlude(aligned=True)),
+              (0.125, 0.25, 0.5), 0.0, 1.0, False, _occlude(aligned=True),
+              fine=(0.125, 0.25, 0.375, 0.5)),
     Transform("background-solid", "background", "grey level",
               _BG_RULE + "background replaced by this grey level", (64, 128, 192), 0, 255, True,
               _replace_background(_solid), integer=True, needs_background=True),
     Transform("background-noise", "background", "noise amplitude",
-              _BG_RULE + "background replaced by seeded uniform colour noise in [0, amplitude]", (32, 64, 128), 0, 255, False,
-              _replace_background(_noise), integer=True, needs_background=True),
+              _BG_RULE + "background replaced by seeded uniform colour noise in [0, amplitude]", (64, 128), 0, 255, False,
+              _replace_background(_noise), integer=True, needs_background=True, fine=(32, 64, 128)),
     Transform("background-texture", "background", "texture amplitude",
               _BG_RULE + "background replaced by a seeded procedural texture (mean of three coloured sinusoidal gratings, "
-              "period 3-12 px, random orientation) scaled to [0, amplitude]", (32, 64, 128), 0, 255, False,
-              _replace_background(texture), integer=True, needs_background=True),
+              "period 3-12 px, random orientation) scaled to [0, amplitude]", (64, 128), 0, 255, False,
+              _replace_background(texture), integer=True, needs_background=True, fine=(32, 64, 128)),
     Transform("brightness", "photometric", "brightness factor",
               "every pixel multiplied by the factor, rounded and clipped to 0..255 (Pillow ImageEnhance.Brightness)",
-              (0.5, 0.75, 1.25, 1.5), 0.0, 4.0, False, _brightness),
+              (0.5, 1.5), 0.0, 4.0, False, _brightness,
+              fine=(0.5, 0.75, 1.25, 1.5)),
     Transform("contrast", "photometric", "contrast factor",
               "blend with the image's mean luma (ITU-R 601): m + factor x (p - m), rounded and clipped "
-              "(Pillow ImageEnhance.Contrast)", (0.25, 0.5, 0.75, 1.5), 0.0, 4.0, False, _contrast),
+              "(Pillow ImageEnhance.Contrast)", (0.25, 0.5, 1.5), 0.0, 4.0, False, _contrast,
+              fine=(0.25, 0.5, 0.75, 1.5)),
 )}
 
 
@@ -323,8 +342,10 @@ def get_transform(name: str) -> Transform:
     return TRANSFORMS[name]
 
 
-def parse_suite(suite: str | None, severities: Sequence[str] = ()) -> list[tuple[Transform, tuple[float, ...]]]:
-    """``--suite all|none|crop,jpeg,...`` and ``--severity jpeg=90,50`` -> [(transform, severities)]."""
+def parse_suite(suite: str | None, severities: Sequence[str] = (), ladder: str = "default") -> list[tuple[Transform, tuple[float, ...]]]:
+    """``--suite all|none|crop,jpeg,...``, ``--ladder`` and ``--severity jpeg=90,50`` -> [(transform, severities)]."""
+    if ladder not in LADDERS:
+        raise UserError(f"unknown ladder {ladder!r}; choose from {', '.join(LADDERS)}")
     text = (suite or "all").strip().lower()
     if text == "none":
         names: list[str] = []
@@ -337,7 +358,7 @@ def parse_suite(suite: str | None, severities: Sequence[str] = ()) -> list[tuple
             if part and part not in names:
                 get_transform(part)
                 names.append(part)
-    chosen: dict[str, tuple[float, ...]] = {n: TRANSFORMS[n].defaults for n in names}
+    chosen: dict[str, tuple[float, ...]] = {n: TRANSFORMS[n].ladder(ladder) for n in names}
     for item in severities:
         name, sep, values = item.partition("=")
         name = name.strip().lower()
