@@ -91,3 +91,27 @@ def test_mismatched_fingerprint_is_refused_before_deserialising(tmp_path):
     engine_json.write_text(json.dumps(record))
     with pytest.raises(DeviceError, match="rebuild on this device"):
         TensorRTRunner(engine_json.parent)
+
+
+def test_variable_size_engine_runs_both_inputs_like_onnxruntime(tmp_path, export_cached):
+    """A --variable-size bundle's engine (images + valid_hw) through the Classifier and `profile`."""
+    import shutil
+
+    from vitdeploy.bundle import Bundle
+    from vitdeploy.runtime.classifier import Classifier
+
+    src = export_cached("builtin:digits", variable_size=True, canvas=(48, 48))
+    shutil.copytree(src.root, tmp_path / "v")
+    res = CliRunner().invoke(main, ["build-engine", str(tmp_path / "v"), "--precision", "fp32", "--batch", "1:4:8", "--target", "var"])
+    assert res.exit_code == 0, res.output
+    bundle = Bundle.open(tmp_path / "v")
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((20, 36), (48, 48), (33, 17), (8, 40), (44, 12))]
+    engine = Classifier.load(bundle, prefer=("tensorrt",))
+    reference = Classifier.load(bundle, prefer=("onnxruntime",), providers=["CPUExecutionProvider"])
+    assert engine.backend == "tensorrt"
+    np.testing.assert_allclose(engine.probabilities(images), reference.probabilities(images), atol=2e-3)
+    out = tmp_path / "prof"
+    res = CliRunner().invoke(main, ["profile", str(bundle.root), "--backend", "tensorrt", "--fill", "1.0,0.5", "--batch", "4",
+                                    "--iterations", "10", "--no-plot", "-o", str(out)])
+    assert res.exit_code == 0, res.output

@@ -263,9 +263,6 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
 
 def _variable_skip(backend: str, precision: str, mode: str | None) -> str | None:
     """Why a cell of a variable-size bundle cannot run here (None when it can)."""
-    if backend == "tensorrt":
-        return ("vitdeploy's TensorRT runner takes one-input engines; time a variable-size engine with trtexec --loadEngine "
-                "(build-engine --print-trtexec shows both inputs' shapes)")
     if backend == "torch" and precision != "fp32":
         return "the variable-size PyTorch reference (the masked forward the graph was exported from) runs fp32"
     if backend == "torch" and mode not in (None, "auto", "eager"):
@@ -356,8 +353,8 @@ def cell_valid_hw(bundle: Bundle, cell: Cell, seed: int) -> np.ndarray:
 
 
 def _variable_runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int) -> tuple[Callable[[], Runner], str]:
-    """Runners of a variable-size cell: the graph on ONNX Runtime, or the masked forward in PyTorch,
-    both fed the cell's images and its valid_hw."""
+    """Runners of a variable-size cell: the graph on ONNX Runtime, the bundle's engine on TensorRT, or
+    the masked forward in PyTorch, each fed the cell's images and its valid_hw."""
     valid = cell_valid_hw(bundle, cell, config.seed)
     if cell.backend == "ort":
         from .variable import VariableOrtRunner
@@ -380,6 +377,15 @@ def _variable_runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, th
 
         source = bundle.manifest.get("source", {})
         return make, f"{source.get('kind', 'source')}:{source.get('name', '?')} (torch eager, masked forward)"
+    if cell.backend == "tensorrt":
+        entry = tensorrt_engine_for(bundle, cell)  # its profile holds the cell's batch on both inputs (build-engine)
+
+        def make() -> Runner:
+            from ..runtime.tensorrt import TensorRTRunner  # GPU only; imported when a cell needs it
+
+            return TensorRTRunner(entry.dir, fixed_inputs={"valid_hw": valid})
+
+        return make, _relative(bundle, entry.dir)
     raise UserError(f"backend {cell.backend} does not run variable-size cells")
 
 

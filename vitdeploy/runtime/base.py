@@ -44,6 +44,13 @@ class Runner(ABC):
     @abstractmethod
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]: ...
 
+    def run_feeds(self, feeds: dict[str, np.ndarray], outputs: Any = None) -> dict[str, np.ndarray]:
+        """Every input by name, for graphs with more than the image input (variable-size bundles:
+        images and valid_hw); runners of one-input artifacts do not take it."""
+        from ..errors import UserError
+
+        raise UserError(f"the {self.info.backend} runner takes one image input, not ({', '.join(feeds)})")
+
     def infer(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         """Run one batch; ``last_latency_s`` is the host wall time of this call."""
         start = time.perf_counter()

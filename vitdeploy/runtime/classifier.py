@@ -499,6 +499,28 @@ def find_engines(bundle: Bundle) -> list[EngineEntry]:
 
 
 def _load_tensorrt(cls, bundle, precision, input_size, passed_over) -> Classifier:
+    entry, profile, version, device = tensorrt_engine(bundle, precision, input_size)
+    runner = _tensorrt_runner(entry)
+    batch, heights, widths = entry.profiles[profile]
+    reason = f"tensorrt {entry.precision} engine {entry.target} (TensorRT {version}, {device.gpu_name})"
+    clf = cls(
+        runner,
+        bundle,
+        backend="tensorrt",
+        precision=entry.precision,
+        backend_reason="; ".join(passed_over + [reason]),
+        input_size=input_size,
+        max_batch=batch[2],
+        min_batch=batch[0],
+        thread_safe=False,  # one execution context and its buffers: calls hold the lock
+    )
+    clf.size_ranges = ((heights[0], heights[2]), (widths[0], widths[2]))
+    return clf
+
+
+def tensorrt_engine(bundle: Bundle, precision: str, input_size: tuple[int, int]) -> tuple[EngineEntry, int, str, Any]:
+    """(engine, index of the profile holding ``input_size``, TensorRT version, device) of the bundle's
+    engine that runs here, best precision first; DeviceError naming what is wrong with each one."""
     from ..engine import fingerprint as fpmod
     from ..engine.versions import import_tensorrt, installed_version
 
@@ -523,22 +545,7 @@ def _load_tensorrt(cls, bundle, precision, input_size, passed_over) -> Classifie
             problems.append(f"{entry.target}: {'; '.join(why)}")
             continue
         fpmod.verify_plan_file(entry.dir, entry.fingerprint)
-        runner = _tensorrt_runner(entry)
-        batch, heights, widths = entry.profiles[profile]
-        reason = f"tensorrt {entry.precision} engine {entry.target} (TensorRT {version}, {device.gpu_name})"
-        clf = cls(
-            runner,
-            bundle,
-            backend="tensorrt",
-            precision=entry.precision,
-            backend_reason="; ".join(passed_over + [reason]),
-            input_size=input_size,
-            max_batch=batch[2],
-            min_batch=batch[0],
-            thread_safe=False,  # one execution context and its buffers: calls hold the lock
-        )
-        clf.size_ranges = ((heights[0], heights[2]), (widths[0], widths[2]))
-        return clf
+        return entry, profile, version, device
     raise DeviceError(f"no engine of the bundle fits this device ({' | '.join(problems)}); rebuild on this device with `vitdeploy build-engine {bundle.root}`")
 
 

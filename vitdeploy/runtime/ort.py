@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -107,6 +108,14 @@ class OrtRunner(Runner):
             reason = str(exc).strip().splitlines()[0][:300]
             raise UserError(f"ONNX Runtime failed on input {batch.dtype} {list(batch.shape)}: {reason}") from None
         return dict(zip(self._outputs, values))
+
+    def run_feeds(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Every input by name (a variable-size graph: images and valid_hw) -> the named outputs."""
+        names = list(outputs) if outputs is not None else self._outputs
+        start = time.perf_counter()
+        values = self.session.run(names, dict(feeds))
+        self.last_latency_s = time.perf_counter() - start
+        return dict(zip(names, values))
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info.details)

@@ -2,14 +2,19 @@
 
 GPU-only. Buffers, stream and timing events come from cuda-python (``cuda.bindings``); device time of
 each call is measured with CUDA events around ``execute_async_v3`` (``last_device_time_s``), host
-wall time by the Runner base (``last_latency_s``). The engine's optimisation profile that covers the
-batch's shape is selected per call; shapes outside every profile are refused with the profiles named.
+wall time by the Runner base (``last_latency_s``). The engine's optimisation profile that covers
+every input's shape is selected per call; shapes outside every profile are refused with the
+profiles named.
+
+Engines take the image batch, and a variable-size bundle's engine also ``valid_hw`` [B, 2] int32:
+``run_feeds`` feeds every input by name (the variable-size Classifier's path); ``infer(images)``
+feeds the images plus the runner's ``fixed_inputs`` (what `profile` holds fixed per cell).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -20,8 +25,9 @@ from .base import Runner, RunnerInfo, TensorInfo
 
 
 class TensorRTRunner(Runner):
-    def __init__(self, engine_dir: str | Path, device: int = 0):
+    def __init__(self, engine_dir: str | Path, device: int = 0, fixed_inputs: Mapping[str, np.ndarray] | None = None):
         self.engine_dir = Path(engine_dir)
+        self.fixed_inputs = {k: np.ascontiguousarray(v) for k, v in (fixed_inputs or {}).items()}
         self._rt = None
         self._buffers: dict[str, tuple[int, int]] = {}  # name -> (device ptr, capacity bytes)
         self._stream = self._start = self._end = None
@@ -48,18 +54,7 @@ class TensorRTRunner(Runner):
         self._trt = trt
         self._runtime = runtime
         self.record = record
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
-        self._inputs = [n for n in names if is_input[n]]
-        self._outputs = [n for n in names if not is_input[n]]
-        if len(self._inputs) != 1:
-            raise UserError(f"engine {self.engine_dir} has {len(self._inputs)} inputs; vitdeploy engines take one image input")
-        self._dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
-        self._profiles = [
-            [tuple(int(d) for d in dims) for dims in self.engine.get_tensor_profile_shape(self._inputs[0], i)]
-            for i in range(self.engine.num_optimization_profiles)
-        ]
-        self._active_profile = 0
+        self._bind_io(trt)
         self._stream = fp.cuda_check(self._rt.cudaStreamCreate(), "cudaStreamCreate")
         self._start = fp.cuda_check(self._rt.cudaEventCreate(), "cudaEventCreate")
         self._end = fp.cuda_check(self._rt.cudaEventCreate(), "cudaEventCreate")
@@ -78,22 +73,49 @@ class TensorRTRunner(Runner):
             },
         )
 
+    def _bind_io(self, trt: Any) -> None:
+        """Inputs, outputs, dtypes and each input's (min, opt, max) shape per optimisation profile."""
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
+        inputs = [n for n in names if is_input[n]]
+        self._outputs = [n for n in names if not is_input[n]]
+        # the image input first ("images" in every vitdeploy graph), then the per-image extras (valid_hw)
+        self._inputs = sorted(inputs, key=lambda n: n != "images")
+        if not self._inputs:
+            raise UserError(f"engine {self.engine_dir} has no input")
+        self._dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        self._input_profiles = {
+            n: [[tuple(int(d) for d in dims) for dims in self.engine.get_tensor_profile_shape(n, i)]
+                for i in range(self.engine.num_optimization_profiles)]
+            for n in self._inputs
+        }
+        self._profiles = self._input_profiles[self._inputs[0]]  # the image input's, as engine.json records them
+        self._active_profile = 0
+        unknown = sorted(set(self.fixed_inputs) - set(self._inputs[1:]))
+        if unknown:
+            raise UserError(f"engine {self.engine_dir} has no input {', '.join(unknown)} to hold fixed (its inputs: {', '.join(self._inputs)})")
+
     # -- Runner interface ---------------------------------------------------------------------
     def inputs(self) -> list[TensorInfo]:
-        name = self._inputs[0]
-        lo, _, hi = self._profiles[0]
-        shape = tuple(a if a == b else None for a, b in zip(lo, hi))
-        return [TensorInfo(name, self._dtypes[name].name, shape)]
+        out = []
+        for name in self._inputs:
+            lo, _, hi = self._input_profiles[name][0]
+            out.append(TensorInfo(name, self._dtypes[name].name, tuple(a if a == b else None for a, b in zip(lo, hi))))
+        return out
 
     def outputs(self) -> list[str]:
         return list(self._outputs)
 
-    def _profile_for(self, shape: tuple[int, ...]) -> int:
-        for index, (lo, _, hi) in enumerate(self._profiles):
-            if len(shape) == len(lo) and all(a <= s <= b for a, s, b in zip(lo, shape, hi)):
+    def _profile_for(self, shapes: Mapping[str, tuple[int, ...]]) -> int:
+        """The first optimisation profile that holds every input's shape."""
+        for index in range(len(self._profiles)):
+            if all(_within(shape, self._input_profiles[name][index]) for name, shape in shapes.items()):
                 return index
-        ranges = "; ".join(f"{list(lo)}..{list(hi)}" for lo, _, hi in self._profiles)
-        raise UserError(f"input shape {list(shape)} is outside every profile of {self.engine_dir} ({ranges}); rebuild with a wider --batch/--resolution")
+        given = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
+        ranges = " | ".join("; ".join(f"{name} {list(p[i][0])}..{list(p[i][2])}" for name, p in self._input_profiles.items())
+                            for i in range(len(self._profiles)))
+        raise UserError(f"input shapes {given} are outside every profile of {self.engine_dir} ({ranges}); "
+                        "rebuild with a wider --batch/--resolution")
 
     def _buffer(self, name: str, nbytes: int) -> int:
         ptr, capacity = self._buffers.get(name, (0, 0))
@@ -105,21 +127,55 @@ class TensorRTRunner(Runner):
         return ptr
 
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        rt, name = self._rt, self._inputs[0]
-        batch = np.ascontiguousarray(batch)
-        if batch.dtype != self._dtypes[name]:
-            raise UserError(f"engine input {name!r} takes {self._dtypes[name]}, got {batch.dtype}; pass raw uint8 pixels")
-        profile = self._profile_for(tuple(batch.shape))
+        missing = [n for n in self._inputs[1:] if n not in self.fixed_inputs]
+        if missing:
+            raise UserError(f"engine {self.engine_dir} takes ({', '.join(self._inputs)}); feed {', '.join(missing)} with run_feeds "
+                            "(the variable-size Classifier does) or hold it fixed with fixed_inputs")
+        return self.run_feeds({self._inputs[0]: batch, **self.fixed_inputs})
+
+    def run_feeds(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Every input by name (images, and valid_hw for a variable-size engine) -> the outputs."""
+        import time
+
+        start = time.perf_counter()
+        arrays = self._checked_feeds(feeds)
+        out = self._execute(arrays)
+        self.last_latency_s = time.perf_counter() - start
+        return {k: out[k] for k in outputs} if outputs is not None else out
+
+    def _checked_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if set(feeds) != set(self._inputs):
+            raise UserError(f"engine {self.engine_dir} takes inputs ({', '.join(self._inputs)}), got ({', '.join(feeds)})")
+        arrays = {}
+        for name in self._inputs:
+            value, want = np.ascontiguousarray(feeds[name]), self._dtypes[name]
+            if value.dtype != want:
+                # sizes given as Python or numpy ints of another width: exact when they fit (valid_hw is int32)
+                ints = value.dtype.kind in "iu" and want.kind in "iu"
+                if not (ints and (not value.size or np.iinfo(want).min <= value.min() <= value.max() <= np.iinfo(want).max)):
+                    what = "raw uint8 pixels" if name == self._inputs[0] else f"{want} values"
+                    raise UserError(f"engine input {name!r} takes {want}, got {value.dtype}; pass {what}")
+                value = value.astype(want)
+            arrays[name] = value
+        rows = {name: int(a.shape[0]) for name, a in arrays.items() if a.ndim}
+        if len(set(rows.values())) > 1:
+            raise UserError("inputs disagree on the batch: " + ", ".join(f"{name} has {n} rows" for name, n in rows.items()))
+        return arrays
+
+    def _execute(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rt = self._rt
+        profile = self._profile_for({name: tuple(a.shape) for name, a in arrays.items()})
         stream = int(self._stream)
         if profile != self._active_profile:
             self.context.set_optimization_profile_async(profile, stream)
             self._active_profile = profile
-        if not self.context.set_input_shape(name, tuple(batch.shape)):
-            raise UserError(f"TensorRT refused input shape {list(batch.shape)} for {name!r}")
         h2d, d2h = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        ptr = self._buffer(name, batch.nbytes)
-        fp.cuda_check(rt.cudaMemcpyAsync(ptr, batch.ctypes.data, batch.nbytes, h2d, self._stream), "cudaMemcpyAsync")
-        self.context.set_tensor_address(name, ptr)
+        for name, array in arrays.items():
+            if not self.context.set_input_shape(name, tuple(array.shape)):
+                raise UserError(f"TensorRT refused input shape {list(array.shape)} for {name!r}")
+            ptr = self._buffer(name, array.nbytes)
+            fp.cuda_check(rt.cudaMemcpyAsync(ptr, array.ctypes.data, array.nbytes, h2d, self._stream), "cudaMemcpyAsync")
+            self.context.set_tensor_address(name, ptr)
         host: dict[str, np.ndarray] = {}
         for out in self._outputs:
             shape = tuple(int(d) for d in self.context.get_tensor_shape(out))
@@ -150,6 +206,11 @@ class TensorRTRunner(Runner):
         self._stream = self._start = self._end = None
         self.context = self.engine = None
         self._rt = None
+
+
+def _within(shape: tuple[int, ...], profile: Sequence[tuple[int, ...]]) -> bool:
+    lo, _, hi = profile
+    return len(shape) == len(lo) and all(a <= s <= b for a, s, b in zip(lo, shape, hi))
 
 
 def matching_engines(bundle_root: str | Path, trt_version: str | None, device: Any | None) -> list[tuple[Path, list[str]]]:

@@ -2,8 +2,9 @@
 
 Each image is fitted into the canvas by the manifest's policy (vitdeploy.variable: keep the aspect
 ratio, whole patches), padded top-left, and sent with its ``valid_hw``; mixed sizes share one call
-instead of one call per size. Runs on ONNX Runtime: build-engine plans two-input engines, but the
-TensorRT runner takes one-input engines only, and the loader says so rather than falling back silently.
+instead of one call per size. Runs on the first backend of ``prefer`` that can: a TensorRT engine
+built by `build-engine` (both inputs shaped by its profile; a batch under the profile's minimum is
+padded with copies of its last row and cut back), or ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -14,23 +15,56 @@ from typing import Any, Iterator, Sequence, Tuple
 import numpy as np
 
 from ..bundle import Bundle
-from ..errors import UserError
+from ..errors import DeviceError, UserError
 from ..images import decode_image, to_channel_order
 from ..variable import VALID_INPUT, check_sizes_for_canvas, fit_image, pad_to_canvas
-from .classifier import DEFAULT_ORT_BATCH, Classifier
+from . import classifier as classifier_module
+from .classifier import DEFAULT_ORT_BATCH, Classifier, tensorrt_engine
 
 
 class VariableSizeClassifier(Classifier):
-    """A variable-size bundle on ONNX Runtime; same public API as :class:`Classifier`."""
+    """A variable-size bundle on TensorRT or ONNX Runtime; same public API as :class:`Classifier`."""
 
     @classmethod
     def load_variable(cls, bundle: Bundle, prefer: Sequence[str], precision: str, providers: Sequence[str] | None,
                       threads: int | None, max_batch: int | None, policy: str | None = None) -> "VariableSizeClassifier":
+        passed_over: list[str] = []
+        for backend in prefer:
+            try:
+                if backend == "tensorrt":
+                    clf = cls._load_tensorrt(bundle, precision, passed_over)
+                else:
+                    clf = cls._load_onnxruntime(bundle, precision, providers, threads, max_batch, passed_over)
+            except (DeviceError, UserError) as exc:
+                if len(tuple(prefer)) == 1:
+                    raise
+                passed_over.append(f"{backend}: {exc}")
+                continue
+            clf.policy = policy or bundle.preprocessing["variable_size"].get("host_policy", "fit-within")
+            return clf
+        raise DeviceError(f"no backend can run {bundle.root} here ({'; '.join(passed_over)})")
+
+    @classmethod
+    def _load_tensorrt(cls, bundle: Bundle, precision: str, passed_over: list[str]) -> "VariableSizeClassifier":
+        contract = bundle.preprocessing["variable_size"]
+        canvas = (int(contract["canvas"][0]), int(contract["canvas"][1]))
+        entry, profile, version, device = tensorrt_engine(bundle, precision, canvas)
+        runner = classifier_module._tensorrt_runner(entry)  # the GPU-only piece (tests stand in for it)
+        names = [i.name for i in runner.inputs()]
+        if names != ["images", VALID_INPUT]:
+            runner.close()
+            raise UserError(f"{entry.dir}: a variable-size engine must take (images, {VALID_INPUT}), this one takes {names}")
+        batch = entry.profiles[profile][0]
+        reason = f"tensorrt {entry.precision} engine {entry.target} (TensorRT {version}, {device.gpu_name}; variable-size)"
+        return cls(runner, bundle, backend="tensorrt", precision=entry.precision, backend_reason="; ".join(passed_over + [reason]),
+                   input_size=canvas, max_batch=batch[2], min_batch=batch[0],
+                   thread_safe=False)  # one execution context and its buffers: calls hold the lock
+
+    @classmethod
+    def _load_onnxruntime(cls, bundle: Bundle, precision: str, providers: Sequence[str] | None, threads: int | None,
+                          max_batch: int | None, passed_over: list[str]) -> "VariableSizeClassifier":
         from .ort import OrtRunner, default_providers
 
-        if "onnxruntime" not in tuple(prefer):
-            raise UserError("variable-size bundles run on ONNX Runtime (the TensorRT runner does not take two-input engines yet); "
-                            "allow the onnxruntime backend")
         providers = list(providers or default_providers())
         # "best": the fp16 graph where ORT runs on CUDA, else fp32 (as for single-size bundles);
         # an explicit precision takes that graph (one line naming how to make it when absent)
@@ -46,11 +80,9 @@ class VariableSizeClassifier(Classifier):
         if names != ["images", VALID_INPUT]:
             raise UserError(f"{bundle.root}: a variable-size graph must take (images, {VALID_INPUT}), this one takes {names}")
         contract = bundle.preprocessing["variable_size"]
-        clf = cls(runner, bundle, backend="onnxruntime", precision=chosen,
-                  backend_reason=f"onnxruntime {chosen} on {runner.info.device} (variable-size graph)",
-                  input_size=tuple(contract["canvas"]), max_batch=max_batch or DEFAULT_ORT_BATCH, thread_safe=True)
-        clf.policy = policy or contract.get("host_policy", "fit-within")
-        return clf
+        reason = f"onnxruntime {chosen} on {runner.info.device} (variable-size graph)"
+        return cls(runner, bundle, backend="onnxruntime", precision=chosen, backend_reason="; ".join(passed_over + [reason]),
+                   input_size=tuple(contract["canvas"]), max_batch=max_batch or DEFAULT_ORT_BATCH, thread_safe=True)
 
     # -- inputs ------------------------------------------------------------------------------
     def prepare(self, image: Any) -> np.ndarray:
@@ -85,9 +117,14 @@ class VariableSizeClassifier(Classifier):
         check_sizes_for_canvas(valid_hw, contract["canvas"], contract["round_to"])
         if len(valid_hw) != len(images):
             raise UserError(f"valid_hw has {len(valid_hw)} rows for {len(images)} images")
-        session = self.runner.session
-        values = session.run([output], {"images": images, VALID_INPUT: np.asarray(valid_hw, dtype=np.int32)})[0]
-        return np.asarray(values, dtype=np.float32)
+        valid_hw = np.asarray(valid_hw, dtype=np.int32)
+        count = len(images)
+        if count < self.min_batch:  # an engine profile that needs more rows: copies of the last one, cut back below
+            images = np.concatenate([images, np.repeat(images[-1:], self.min_batch - count, axis=0)])
+            valid_hw = np.concatenate([valid_hw, np.repeat(valid_hw[-1:], self.min_batch - count, axis=0)])
+        with self._lock:
+            values = self.runner.run_feeds({"images": images, VALID_INPUT: valid_hw}, outputs=(output,))[output]
+        return np.asarray(values[:count], dtype=np.float32)
 
     def describe(self) -> dict:
         info = super().describe()
