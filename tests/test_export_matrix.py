@@ -62,8 +62,15 @@ def _assert_verified(bundle, sizes: list[tuple[int, int]]) -> None:
     record = bundle.manifest["records"]["export_check"]
     assert record["passed"], record["failures"]
     assert [(s["height"], s["width"]) for s in record["sizes"]] == sizes
+    from vitdeploy.exporters.verify import DEFAULT_BUDGET_GMACS, MIN_IMAGES
+
+    counts = {size["images"] for size in record["sizes"]}
+    assert len(counts) == 1 and MIN_IMAGES <= counts.pop() <= 64  # the cost model's plan: one count at every size
+    plan = record["plan"]
+    assert plan["budget_gmacs_per_runtime"] == DEFAULT_BUDGET_GMACS
+    spent = sum(p["images"] * p["gmacs_per_image"] for p in plan["sizes"])
+    assert spent <= DEFAULT_BUDGET_GMACS * 1.01 or plan["sizes"][0]["images"] == MIN_IMAGES
     for size in record["sizes"]:
-        assert size["images"] == 64
         assert size["max_abs"] <= 1e-4
         assert size["top1_agreement"] == 1.0
 

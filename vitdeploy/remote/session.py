@@ -239,9 +239,11 @@ class Session:
         words = [self.req.command, *self.req.options, "--", bundle_root, *self.req.positionals]
         self.log(f"on {self.target}: vitdeploy {remote_shell(*words)}")
         # stdin stays open and unused: when this process ends (Ctrl-C, a crash) it closes, and the agent
-        # stops the command on the device (ssh without a terminal passes no signal on).
+        # stops the command on the device (ssh without a terminal passes no signal on). ssh runs in its
+        # own session (BatchMode: it never prompts), so a Ctrl-C reaches this process only: ssh dying of
+        # the same SIGINT first would read as a broken link (exit 255) instead of an interruption.
         proc = subprocess.Popen(self._argv(self._agent_words("run", work_root, "--", *words)), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         tail: List[str] = []
 
         def pump(stream: IO[bytes], emit: Callable[[str], None], keep: bool) -> None:
@@ -256,7 +258,15 @@ class Session:
                    threading.Thread(target=pump, args=(proc.stderr, self.err, True), daemon=True)]
         for t in threads:
             t.start()
-        proc.wait()
+        try:
+            proc.wait()
+        except BaseException:  # Ctrl-C: close the connection's stdin; the agent stops the command on the device
+            _close_quietly(proc.stdin)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
         for t in threads:
             t.join()
         proc.stdin.close()  # type: ignore[union-attr]
@@ -405,3 +415,10 @@ def _run(session: Session, request: RemoteRequest, bundle_dir: Path, log: Callab
 
 
 __all__ = ["RemoteRequest", "RemoteOutcome", "PathArg", "RemoteError", "run", "work_relpath", "SSH_OPTIONS_ENV"]
+
+
+def _close_quietly(stream: Any) -> None:
+    try:
+        stream.close()
+    except OSError:  # the other side already went away
+        pass
