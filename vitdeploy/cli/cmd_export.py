@@ -30,7 +30,7 @@ from .common import command, parse_model_args, split_csv
 @click.option("--antialias/--no-antialias", default=False, show_default=True, help="Antialias when shrinking the table (TensorRT's parser does not implement it).")
 @click.option("--precision", default="fp32", show_default=True, help="Graphs to write: fp32, or fp32,fp16 (fp16 also writes model.fp16.onnx).")
 @click.option("--keep-fp32", default="", help="Extra op types kept in fp32 in the fp16 graph, comma-separated.")
-@click.option("--no-simplify", is_flag=True, help="Keep the exporter's graph (onnxslim is applied only when outputs stay identical).")
+@click.option("--no-simplify", is_flag=True, help="Keep the exporter's graph (otherwise onnxslim's graph is kept when it passes the verification against PyTorch; with --no-check, when ORT outputs stay bit-identical).")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 @click.option("--check-images", type=click.IntRange(min=1), default=64, show_default=True, help="Seeded images per size for the parity check.")
 @click.option("--outputs", "outputs", metavar="LIST",

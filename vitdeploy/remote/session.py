@@ -259,7 +259,14 @@ class Session:
         for t in threads:
             t.start()
         try:
-            proc.wait()
+            # wait in short steps: the kernel may hand SIGINT to a pump thread, and only the main thread's
+            # bytecode raises KeyboardInterrupt; a blocking wait would not wake until ssh ended
+            while True:
+                try:
+                    proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         except BaseException:  # Ctrl-C: close the connection's stdin; the agent stops the command on the device
             _close_quietly(proc.stdin)
             try:
