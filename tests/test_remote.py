@@ -400,7 +400,8 @@ def test_ctrl_c_on_the_workstation_stops_the_command_on_the_device(ssh_env: Devi
         [VITDEPLOY, "profile", str(bundle), "--duration", "60", "--warmup", "1", "--threads", "1", "--no-plot", "--json",  # silent for 60 s
          "--on", ssh_env.on, "--remote-vitdeploy", VITDEPLOY, "--remote-dir", str(remote_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ, **{SSH_OPTIONS_ENV: ssh_env.options()}),
-        start_new_session=True)
+        # a pytest-xdist worker ignores SIGINT and children inherit that; a shell hands vitdeploy the default
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def on_device() -> list[int]:
         """The profile run the agent started (its command line is the agent's, naming the device's bundle)."""
