@@ -87,12 +87,7 @@ class VariableOrtRunner(OrtRunner):
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         if len(batch) != len(self.valid_hw):
             raise UserError(f"{len(batch)} images for {len(self.valid_hw)} valid_hw rows")
-        try:
-            values = self.session.run(self._outputs, {self._input.name: batch, self._valid_name: self.valid_hw})
-        except Exception as exc:  # ORT's Fail/InvalidArgument carry the real reason in their text
-            reason = str(exc).strip().splitlines()[0][:300]
-            raise UserError(f"ONNX Runtime failed on images {list(batch.shape)} + valid_hw {list(self.valid_hw.shape)}: {reason}") from None
-        return dict(zip(self._outputs, values))
+        return self._session_run(self._outputs, {self._input.name: batch, self._valid_name: self.valid_hw})
 
 
 class VariableTorchRunner(Runner):

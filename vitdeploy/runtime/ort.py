@@ -102,19 +102,23 @@ class OrtRunner(Runner):
         return list(self._outputs)
 
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        try:
-            values = self.session.run(self._outputs, {self._input.name: batch})
-        except Exception as exc:  # ORT's Fail/InvalidArgument carry the real reason in their text
-            reason = str(exc).strip().splitlines()[0][:300]
-            raise UserError(f"ONNX Runtime failed on input {batch.dtype} {list(batch.shape)}: {reason}") from None
-        return dict(zip(self._outputs, values))
+        return self._session_run(self._outputs, {self._input.name: batch})
 
     def run_feeds(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Every input by name (a variable-size graph: images and valid_hw) -> the named outputs."""
-        names = list(outputs) if outputs is not None else self._outputs
         start = time.perf_counter()
-        values = self.session.run(names, dict(feeds))
+        out = self._session_run(list(outputs) if outputs is not None else self._outputs, dict(feeds))
         self.last_latency_s = time.perf_counter() - start
+        return out
+
+    def _session_run(self, names: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            values = self.session.run(names, feeds)
+        except Exception as exc:  # ORT's Fail/InvalidArgument carry the real reason in their text
+            reason = str(exc).strip().splitlines()[0][:300]
+            given = " + ".join(f"{name} {a.dtype} {list(a.shape)}" for name, a in feeds.items()) if len(feeds) > 1 else \
+                " ".join(f"{a.dtype} {list(a.shape)}" for a in feeds.values())
+            raise UserError(f"ONNX Runtime failed on input {given}: {reason}") from None
         return dict(zip(names, values))
 
     def describe(self) -> dict[str, Any]:
