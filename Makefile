@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - create .venv, install, run the pipeline on the bundled digits model
 #   make test   - create .venv, install, run the whole test suite
+# and the inner loop: make test-fast (the tests not marked slow or gpu; its set-up is `make setup`)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -28,7 +29,7 @@ COMPAT_PYTEST_ARGS ?= -k "not vit_small_int8 and not within_1_2x and not compile
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: setup serve-env demo test test-envs system-deps test-compat clean
+.PHONY: setup setup-steps serve-env demo test test-fast test-envs test-steps system-deps test-compat clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_trt_bindings.sh
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,8 +39,6 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_trt_bindings.sh
 	# the real TensorRT Python bindings of four versions, one folder each, for the API tests
 	PYTHON=$(BIN)/python bash scripts/install_trt_bindings.sh $(VENV)/trt-bindings
 	touch $(STAMP)
-
-setup: $(STAMP)
 
 $(SERVE_STAMP): pyproject.toml scripts/install_serve_env.sh
 	bash scripts/install_serve_env.sh $(SERVE_VENV)
@@ -67,12 +66,28 @@ system-deps:
 	# Debian packages for the C++ example's library tests and the sshd of the --on tests (root or sudo)
 	bash scripts/install_system_deps.sh || echo "warning: could not install the C++ example's Debian packages and OpenSSH (needs root or sudo); tests/test_cpp_example.py and tests/test_remote.py will fail"
 
-# The five set-up steps are independent (four virtual environments and the Debian packages): made side
-# by side, they take the time of the longest (.venv, torch from disk) instead of the sum
-test-envs: $(STAMP) $(SERVE_STAMP) $(PY38_STAMP) $(COMPAT_STAMP) system-deps
+# The set-up steps are independent (virtual environments and the Debian packages): made side by side,
+# they take the time of the longest (.venv, torch from disk) instead of the sum.
+# `make setup`: what the main suite needs (.venv, the Triton serve env, Python 3.8, the Debian packages);
+# `make test` adds the compatibility lane's environment.
+SETUP_STEPS := $(STAMP) $(SERVE_STAMP) $(PY38_STAMP) system-deps
+setup-steps: $(SETUP_STEPS)
+test-steps: $(SETUP_STEPS) $(COMPAT_STAMP)
 
-test:
-	$(MAKE) -j5 --output-sync=target test-envs
+setup:
+	$(MAKE) -j4 --output-sync=target setup-steps
+
+test-envs:
+	$(MAKE) -j5 --output-sync=target test-steps
+
+# The inner loop: every test not marked `slow` (real exports at full size, trainings, the export matrix)
+# or `gpu`; tests/conftest.py fails an unmarked test whose call takes over 5 s, so this tier stays fast.
+# Exported bundles are cached under .pytest_cache (keyed by source, options, checkpoint contents, library
+# versions and the project's source files), so a second run re-exports only what a code change touched.
+test-fast: setup
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not gpu"
+
+test: test-envs
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 	$(MAKE) test-compat
 

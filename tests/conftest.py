@@ -1,8 +1,8 @@
-"""Shared fixtures: bundles exported once per session, and the `gpu` marker's skip rule."""
+"""Shared fixtures: bundles exported once per run (a disk cache shared by the xdist workers), the fast
+tier's time guard, and the `gpu` marker's skip rule."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+
+from artifact_cache import ArtifactCache
 
 
 def _has_gpu() -> bool:
@@ -39,6 +41,32 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+# The fast tier (`make test-fast`: not slow, not gpu) stays fast because an unmarked test that runs
+# longer than this fails, saying to mark it `slow` or make it faster. Only the test's own call is
+# timed: session fixtures (exports shared by many tests) are set-up, paid once per run.
+# VITDEPLOY_TEST_TIME_LIMIT=0 turns the guard off (e.g. on a machine much slower than CI's).
+TIME_LIMIT_S = float(os.environ.get("VITDEPLOY_TEST_TIME_LIMIT", "5"))
+UNTIMED_MARKERS = ("slow", "gpu")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if (call.when != "call" or not report.passed or TIME_LIMIT_S <= 0
+            or any(m in item.keywords for m in UNTIMED_MARKERS) or call.duration <= TIME_LIMIT_S):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"{item.nodeid} took {call.duration:.1f} s, over the fast tier's {TIME_LIMIT_S:g} s: "
+                       "mark it @pytest.mark.slow (it then runs in `make test` only) or make it faster")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is not None and not os.environ.get("PYTEST_XDIST_WORKER"):
+        ArtifactCache(Path(cache.mkdir("vitdeploy-artifacts"))).prune()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_GPU:
         return
@@ -49,22 +77,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def export_cached(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
-    """export(source, **options) once per distinct call in the session; returns the Bundle.
+def artifact_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ArtifactCache:
+    """One cache folder for the whole run, shared by the xdist workers: pytest's cache folder (so it also
+    survives between runs), or the run's shared temp folder under ``-p no:cacheprovider``."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return ArtifactCache(Path(cache.mkdir("vitdeploy-artifacts")))
+    base = tmp_path_factory.getbasetemp()
+    return ArtifactCache((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "vitdeploy-artifacts")
 
-    Tests must not modify the returned bundle: copy it first (see ``copy_bundle``).
+
+@pytest.fixture(scope="session")
+def shared_artifact(artifact_cache: ArtifactCache) -> Callable[..., Path]:
+    """shared_artifact(key, build) -> folder: ``build(folder)`` runs once per run for a key (JSON-able, with
+    any paths in it hashed by content), whichever worker asks first. Checkpoints and derived bundles that
+    several tests read live here, so their paths (and the exports keyed on them) are the same everywhere."""
+
+    def run(key: Any, build: Callable[[Path], None]) -> Path:
+        return artifact_cache.get(["shared", key], build, label=str(key))
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def export_cached(artifact_cache: ArtifactCache) -> Callable[..., Any]:
+    """export(source, **options) once per distinct call in the run (across workers); returns the Bundle.
+
+    Tests must not modify the returned bundle: copy it first (see ``copy_bundle``); a change is caught at
+    the next use and rebuilt with a warning.
     """
+    from vitdeploy.bundle import Bundle
     from vitdeploy.exporters import ExportOptions, export
 
-    cache: dict[str, Any] = {}
-    root = tmp_path_factory.mktemp("exports")
-
     def run(source: str, **options: Any) -> Any:
-        key = json.dumps([source, options], sort_keys=True, default=str)
-        if key not in cache:
-            out = root / f"bundle{len(cache)}"
-            cache[key] = export(source, out, ExportOptions(**options))
-        return cache[key]
+        def build(folder: Path) -> None:
+            export(source, folder / "bundle", ExportOptions(**options))
+
+        folder = artifact_cache.get(["export", source, options], build, label=f"{source} {options}")
+        return Bundle.open(folder / "bundle")
 
     return run
 

@@ -49,6 +49,7 @@ def int8_digits(digits_bundle, tmp_path_factory) -> Bundle:
     return Bundle.open(root)
 
 
+@pytest.mark.slow
 def test_int8_digits_accuracy_and_agreement(int8_digits: Bundle) -> None:
     """Measured here, not read from the record: reference semantics within the gate; this CPU's
     int8 kernels reported separately."""

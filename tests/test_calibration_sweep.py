@@ -14,6 +14,7 @@ from vitdeploy.calibration.sweep import PRESETS, Candidate, choose
 from vitdeploy.cli import main
 
 
+@pytest.mark.slow
 def test_sweep_on_digits_records_table_and_choice(digits_bundle, copy_bundle) -> None:
     root = copy_bundle(digits_bundle)
     result = CliRunner().invoke(main, ["calibrate", str(root), "--sweep", "--sweep-methods", "minmax", "--samples", "64"])

@@ -81,6 +81,7 @@ def test_unscaled_input_is_diagnosed(digits_bundle, copy_bundle):
     assert "p instead of p/255" in report["protocol"]["preprocessing"]["diagnosis"]
 
 
+@pytest.mark.slow
 def test_rgb_bgr_swap_is_diagnosed(export_cached, copy_bundle):
     # A graph that flips channels (exported for BGR cameras) whose contract claims RGB.
     bundle = export_cached("builtin:digits", channel_order="bgr")
@@ -168,6 +169,7 @@ def test_cli_exit_codes_and_json(digits_bundle, copy_bundle, tmp_path):
     assert missing.exit_code == 1 and "no int8 graph" in missing.output and "Traceback" not in missing.output
 
 
+@pytest.mark.slow
 def test_check_models_of_the_export_issue(export_cached, tmp_path):
     """A dynamic-resolution timm graph passes at every declared size (the rest of the matrix is in
     test_export_matrix.py, where the export's own parity check covers each model)."""
@@ -178,6 +180,7 @@ def test_check_models_of_the_export_issue(export_cached, tmp_path):
     assert sizes == [(224, 224), (160, 160), (288, 288), (224, 320)]
 
 
+@pytest.mark.slow
 def test_reduced_precision_digits_through_check(digits_bundle, copy_bundle):
     """The precision issue's acceptance, measured by `check` on the held-out digits test split:
     fp16 within 0.2 point of fp32; int8 within 1 point with >= 98% top-1 agreement (reference

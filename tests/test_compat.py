@@ -28,6 +28,7 @@ def bundle(request, digits_bundle, raw_digits):
     return digits_bundle if request.param == "simplified" else raw_digits
 
 
+@pytest.mark.slow
 def test_exported_graph_declares_no_initializer_value_info(bundle):
     """The dynamo exporter repeats every weight in value_info; the copy goes stale when a tool
     rewrites a weight (onnxruntime 1.30's Gemm -> MatMul transposes the head in place), so the

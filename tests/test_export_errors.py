@@ -113,6 +113,7 @@ def test_output_path_is_a_file(tmp_path):
     assert_one_line_error(result, "cannot create directory")
 
 
+@pytest.mark.slow
 def test_interrupted_export_keeps_the_previous_bundle(tmp_path, monkeypatch, digits_bundle):
     out = tmp_path / "bundle"
     assert export("-o", str(out), "--check-images", "4").exit_code == 0
@@ -132,6 +133,7 @@ def test_interrupted_export_keeps_the_previous_bundle(tmp_path, monkeypatch, dig
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no staging folder left behind
 
 
+@pytest.mark.slow
 def test_reexport_drops_records_that_no_longer_match(tmp_path):
     out = tmp_path / "bundle"
     assert export("-o", str(out), "--check-images", "4").exit_code == 0
@@ -152,6 +154,7 @@ def test_reexport_drops_records_that_no_longer_match(tmp_path):
     assert not Bundle.open(out).manifest.get("engines") and not (out / "reports").exists()
 
 
+@pytest.mark.slow
 def test_mean_std_come_from_the_model_config(export_cached):
     """timm's augreg ViTs normalise with 0.5/0.5, not ImageNet numbers: the graph must carry that."""
     import onnx

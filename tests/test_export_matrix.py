@@ -4,7 +4,9 @@ native size, at 384 (static) and with --dynamic-resolution at 160, 224, 288 and 
 
 The digits model is 32x32 with patch 4: its equivalents are 56 static (the 384/224 ratio) and
 16, 48, 32x56 dynamic (four patches either side, and a non-square size), as for 224/16.
-Timm and HF models are random-init, saved as checkpoints by the test, and exported from those.
+Timm and HF models are random-init, saved as checkpoints by the test, and exported from those: the
+timm families at their registered depth for the native test, at depth 2 for the other sizes and the
+TensorRT 8.x lowering (the same mechanics per block, a sixth of the time).
 """
 
 from __future__ import annotations
@@ -21,33 +23,48 @@ from vitdeploy.runtime.ort import OrtRunner
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Random-init models saved the way a user saves a fine-tune, with the export options they need."""
+# The timm families at depth 2 for the mechanics (static and dynamic sizes, the 8.x lowering): what is
+# exported, re-gridded and lowered per block is the same at every depth. The native test keeps each
+# family at its registered depth, so one full-size graph per family is still exported and verified.
+TIMM_SPECS = {
+    "vit_tiny": ("vit_tiny_patch16_224", {}),
+    "deit_tiny_distilled": ("deit_tiny_distilled_patch16_224", {}),
+    "vit_tiny_gap": ("vit_tiny_patch16_224", {"class_token": False, "global_pool": "avg"}),
+}
+MECHANICS_DEPTH = 2
+
+
+def _write_checkpoints(root: Path) -> None:
     import timm
     from safetensors.torch import save_file
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-    root = tmp_path_factory.mktemp("checkpoints")
     torch.manual_seed(0)
-    out: dict[str, dict] = {"digits": {"source": "builtin:digits", "options": {}}}
-    specs = {
-        "vit_tiny": ("vit_tiny_patch16_224", {}),
-        "deit_tiny_distilled": ("deit_tiny_distilled_patch16_224", {}),
-        "vit_tiny_gap": ("vit_tiny_patch16_224", {"class_token": False, "global_pool": "avg"}),
-    }
-    for key, (name, kwargs) in specs.items():
-        model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
-        path = root / f"{key}.safetensors"
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-        out[key] = {"source": f"timm:{name}", "options": {"checkpoint": str(path), "model_kwargs": kwargs or None}, "timm": (name, kwargs)}
-    hf_dir = root / "hf_vit"
+    for key, (name, kwargs) in TIMM_SPECS.items():
+        for suffix, extra in (("", {"depth": MECHANICS_DEPTH}), ("_full", {})):
+            model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs, **extra)
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(root / f"{key}{suffix}.safetensors"))
     config = ViTConfig(image_size=224, patch_size=16, hidden_size=96, num_hidden_layers=3, num_attention_heads=4,
                        intermediate_size=192, num_labels=6, id2label={i: f"class{i}" for i in range(6)},
                        label2id={f"class{i}": i for i in range(6)})
-    ViTForImageClassification(config).save_pretrained(hf_dir)
-    ViTImageProcessor(size={"height": 224, "width": 224}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]).save_pretrained(hf_dir)
-    out["hf_vit"] = {"source": f"hf:{hf_dir}", "options": {}}
+    ViTForImageClassification(config).save_pretrained(root / "hf_vit")
+    ViTImageProcessor(size={"height": 224, "width": 224}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]).save_pretrained(root / "hf_vit")
+
+
+def _timm_entry(name: str, kwargs: dict, path: Path) -> dict:
+    return {"source": f"timm:{name}", "options": {"checkpoint": str(path), "model_kwargs": kwargs or None}, "timm": (name, kwargs)}
+
+
+@pytest.fixture(scope="session")
+def checkpoints(shared_artifact) -> dict[str, dict]:
+    """Random-init models saved the way a user saves a fine-tune, with the export options they need
+    (written once per run for every worker, so the exports keyed on their paths are shared too)."""
+    root = shared_artifact(["export-matrix-checkpoints", TIMM_SPECS, MECHANICS_DEPTH], _write_checkpoints)
+    out: dict[str, dict] = {"digits": {"source": "builtin:digits", "options": {}}}
+    for key, (name, kwargs) in TIMM_SPECS.items():
+        out[key] = _timm_entry(name, {**kwargs, "depth": MECHANICS_DEPTH}, root / f"{key}.safetensors")
+        out[key]["full_depth"] = _timm_entry(name, kwargs, root / f"{key}_full.safetensors")
+    out["hf_vit"] = {"source": f"hf:{root / 'hf_vit'}", "options": {}}
     return out
 
 
@@ -77,7 +94,7 @@ def _assert_verified(bundle, sizes: list[tuple[int, int]]) -> None:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_native_static_matches_pytorch(model, checkpoints, export_cached):
-    entry = checkpoints[model]
+    entry = checkpoints[model].get("full_depth", checkpoints[model])
     bundle = export_cached(entry["source"], **entry["options"])
     h, w = bundle.spec.image_size
     _assert_verified(bundle, [(h, w)])

@@ -25,6 +25,7 @@ def _reference(images: np.ndarray, size=None) -> np.ndarray:
         return entry.load_model()((x / 255.0 - mean) / std).numpy()
 
 
+@pytest.mark.slow
 def test_in_graph_resize_takes_any_camera_size(export_cached):
     bundle = export_cached("builtin:digits", resize=True)
     assert bundle.preprocessing["in_graph_resize"] == {"method": "bilinear", "antialias": False, "align_corners": False, "to": [32, 32]}
@@ -39,6 +40,7 @@ def test_in_graph_resize_takes_any_camera_size(export_cached):
     assert "Resize" in ops
 
 
+@pytest.mark.slow
 def test_bgr_input_reads_opencv_frames(export_cached):
     rgb = export_cached("builtin:digits")
     bgr = export_cached("builtin:digits", channel_order="bgr")
@@ -49,6 +51,7 @@ def test_bgr_input_reads_opencv_frames(export_cached):
     assert bgr.preprocessing["channel_order"] == "bgr"
 
 
+@pytest.mark.slow
 def test_float_nchw_input_for_pipelines_that_preprocess(export_cached):
     bundle = export_cached("builtin:digits", input_format="float-nchw")
     model = onnx.load(str(bundle.artifact_path("fp32")))
@@ -62,6 +65,7 @@ def test_float_nchw_input_for_pipelines_that_preprocess(export_cached):
     assert np.abs(OrtRunner(bundle.artifact_path("fp32")).infer(x)["logits"] - ref).max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_fp16_at_export_time(export_cached):
     bundle = export_cached("builtin:digits", precisions=("fp32", "fp16"))
     assert bundle.precisions() == ["fp32", "fp16"]

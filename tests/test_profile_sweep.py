@@ -62,6 +62,7 @@ def tiny_bundle(tiny_weights: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_cli_sweep_writes_schema_and_matches_the_cost_model(tiny_bundle: Path):
     # a fixed width: the header words are asserted, and a narrower console (a pytest-xdist worker's) wraps them
     res = CliRunner(env={"COLUMNS": "160"}).invoke(main, ["profile", str(tiny_bundle), "--resolutions", "32,48", "--batch", "1,2",
@@ -124,6 +125,7 @@ def test_torch_backend_beside_ort(tiny_bundle: Path, tmp_path: Path):
     assert all(r["macs"] == ort_macs[r["height"]] for r in rows)  # the cost model does not depend on the backend
 
 
+@pytest.mark.slow
 def test_static_graph_is_reexported_per_resolution_and_cached(tiny_weights: Path):
     from vitdeploy.exporters import ExportOptions, export
 

@@ -148,6 +148,7 @@ def _shape(obj: Any) -> Any:
 PROFILE_ARGS = ("--iterations", "3", "--warmup", "1", "--threads", "1", "--no-plot")
 
 
+@pytest.mark.slow
 def test_profile_on_round_trips_and_a_second_run_copies_nothing(ssh_env: Device, digits_bundle: Any, copy_bundle: Any, tmp_path: Path):
     local_run = copy_bundle(digits_bundle, "local")
     remote_run = copy_bundle(digits_bundle, "remote")
@@ -219,6 +220,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_lost_connection_mid_copy_leaves_both_sides_intact(ssh_env: Device, digits_bundle: Any, copy_bundle: Any, tmp_path: Path):
     """The link dies part-way through each copy: nothing half-written appears on either side."""
     bundle = copy_bundle(digits_bundle, "remote")

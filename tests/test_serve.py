@@ -131,6 +131,7 @@ def _shm_mapped(tree: list[int]) -> set[str]:
 
 
 # -- the server Triton exposes --------------------------------------------------------------------
+@pytest.mark.slow
 def test_health_metrics_and_config_match_the_generated_repository(server, digits_bundle, tmp_path):
     from vitdeploy.triton import TritonOptions, write_triton_repo
 
@@ -346,6 +347,7 @@ def test_faults_leak_nothing(server, digits_split):
 
 
 # -- shutdown (last: it stops the module's server) -------------------------------------------------
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_rejects_new_and_exits_clean(server, digits_split):
     images, _ = digits_split
     proc = server.proc

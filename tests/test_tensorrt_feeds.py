@@ -203,6 +203,7 @@ def variable_engine_bundle(export_cached, tmp_path):
     return Bundle.open(tmp_path / "b")
 
 
+@pytest.mark.slow
 def test_the_variable_size_classifier_runs_a_two_input_engine(variable_engine_bundle, monkeypatch):
     from vitdeploy.engine import fingerprint, versions
     from vitdeploy.runtime import classifier as clf_mod

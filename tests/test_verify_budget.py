@@ -72,6 +72,7 @@ def test_export_refuses_a_resolution_that_cannot_fit_in_one_line(tmp_path):
     assert "available" in lines[0] and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_pickled_checkpoint_is_refused_without_a_stray_warning(tmp_path):
     import datetime
     import subprocess
