@@ -13,8 +13,9 @@ import onnx
 import torch
 
 import vitdeploy
-from vitdeploy.bundle import ARTIFACT_FILES, FORMAT, LABELS, MANIFEST, Bundle, embed_manifest, read_labels, write_labels
-from vitdeploy.errors import CheckFailed, UserError
+from vitdeploy.bundle import (ARTIFACT_FILES, FORMAT, LABELS, MANIFEST, Bundle, check_export_target, embed_manifest, read_labels,
+                              refuse_export_precisions, write_labels)
+from vitdeploy.errors import CheckFailed, UsageError, UserError
 from vitdeploy.fileio import atomic_path, atomic_write_json, ensure_writable_dir, sha256_file, staged_directory
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
@@ -68,7 +69,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
 
         return export_variable_size(source, out_dir, opts, log)
     _validate_options(opts)
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # `-o .` names the folder by its real name
+    check_export_target(out_dir)  # a folder of the user's own files is never replaced
     ensure_writable_dir(out_dir.parent)  # before minutes of export work, not after
     labels = read_labels(opts.labels_file) if opts.labels_file else None
     torch.manual_seed(RANDOM_INIT_SEED)
@@ -130,7 +132,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
         manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"],
                                           **({"simplify": slim_timing} if opts.simplify else {})}}
-        with staged_directory(out_dir) as stage:
+        with staged_directory(out_dir, before_swap=lambda: check_export_target(out_dir)) as stage:
             _write_graph(stage / ARTIFACT_FILES["fp32"], proto, manifest)
             write_labels(stage / LABELS, loaded.labels)
             fp32_sha = sha256_file(stage / ARTIFACT_FILES["fp32"])
@@ -201,11 +203,11 @@ def _validate_outputs(opts: ExportOptions) -> None:
 
     opts.outputs = parse_outputs(opts.outputs)
     if opts.normalize_embedding and opts.outputs is not None and "embedding" not in opts.outputs:
-        raise UserError("--normalize-embedding applies to the embedding output; add embedding to --outputs")
+        raise UsageError("--normalize-embedding applies to the embedding output; add embedding to --outputs")
     if opts.variable_size and opts.outputs not in (None, ("logits", "probs")):
         # one padded canvas holds images of different grids: a single [B, d, G_h, G_w] tensor has no
         # defined grid, and the masked read-out is not the model's own pre-logits path
-        raise UserError("--outputs other than logits,probs is not available with --variable-size: each image has its own "
+        raise UsageError("--outputs other than logits,probs is not available with --variable-size: each image has its own "
                         "patch grid inside the canvas; export a static or --dynamic-resolution graph for embedding/patch_grid")
 
 
@@ -258,18 +260,16 @@ def manifest_head(out_dir: Path, loaded: LoadedModel, spec: Any, preprocessing: 
 
 def _validate_options(opts: ExportOptions) -> None:
     if opts.canvas and not opts.variable_size:
-        raise UserError("--canvas sets the size of a --variable-size graph; add --variable-size, or use --resolution for one fixed size")
+        raise UsageError("--canvas sets the size of a --variable-size graph; add --variable-size, or use --resolution for one fixed size")
     if opts.input_format not in INPUT_FORMATS:
-        raise UserError(f"--input must be one of {', '.join(INPUT_FORMATS)}, got {opts.input_format!r}")
+        raise UsageError(f"--input must be one of {', '.join(INPUT_FORMATS)}, got {opts.input_format!r}")
     if opts.channel_order not in ("rgb", "bgr"):
-        raise UserError(f"--channel-order must be rgb or bgr, got {opts.channel_order!r}")
+        raise UsageError(f"--channel-order must be rgb or bgr, got {opts.channel_order!r}")
     if opts.input_format == "float-nchw" and (opts.resize or opts.channel_order == "bgr"):
-        raise UserError("--input float-nchw takes preprocessed tensors: --resize and --channel-order bgr do not apply")
+        raise UsageError("--input float-nchw takes preprocessed tensors: --resize and --channel-order bgr do not apply")
     if opts.resize and opts.dynamic_resolution:
-        raise UserError("--resize and --dynamic-resolution exclude each other: --resize feeds the model one fixed resolution")
-    unknown = set(opts.precisions) - {"fp32", "fp16"}
-    if unknown:
-        raise UserError(f"export writes fp32 and fp16 graphs; {', '.join(sorted(unknown))} comes from `vitdeploy calibrate`")
+        raise UsageError("--resize and --dynamic-resolution exclude each other: --resize feeds the model one fixed resolution")
+    refuse_export_precisions(opts.precisions)
 
 
 def _variant(loaded: LoadedModel, opts: ExportOptions) -> tuple[LoadedModel, dict[str, Any]]:
@@ -278,7 +278,7 @@ def _variant(loaded: LoadedModel, opts: ExportOptions) -> tuple[LoadedModel, dic
     base = {"native": list(native), "pos_embed_interpolation": {**interp.to_dict(), "description": interp.describe()}}
     if opts.dynamic_resolution:
         if opts.resolution:
-            raise UserError("--resolution and --dynamic-resolution exclude each other")
+            raise UsageError("--resolution and --dynamic-resolution exclude each other")
         return make_dynamic(loaded, interp), {"mode": "dynamic", "height": native[0], "width": native[1], **base}
     if opts.resolution:
         height, width = opts.resolution

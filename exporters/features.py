@@ -37,7 +37,14 @@ FEATURE_OUTPUTS = ("embedding", "patch_grid")
 
 # -- which outputs --------------------------------------------------------------------------------
 def has_head(loaded: LoadedModel) -> bool:
-    return int(loaded.spec.num_classes) > 0
+    """A classification head: outputs that are classes (a CLIP-style projection head is not one)."""
+    return int(loaded.spec.num_classes) > 0 and not loaded.extra.get("projection_head")
+
+
+def embedding_dim(loaded: LoadedModel) -> int:
+    """d, or the projection's width where the model's embedding is its projection head's output."""
+    projection = loaded.extra.get("projection_head")
+    return int(projection["dim"]) if projection else int(loaded.spec.embed_dim)
 
 
 def default_outputs(loaded: LoadedModel) -> tuple[str, ...]:
@@ -134,6 +141,8 @@ def _with_probs(out: dict[str, torch.Tensor], want: set[str]) -> dict[str, torch
 
 
 def _pre_logits(loaded: LoadedModel, model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    if loaded.extra.get("projection_head"):  # CLIP-style: the embedding is the projection of the read-out
+        return model.forward_head(tokens)
     if loaded.family.startswith("timm"):  # ViT, BEiT, EVA
         return model.forward_head(tokens, pre_logits=True)  # timm's own semantics (fc_norm, DeiT's mean)
     pooled = model.pool(tokens)  # reference ViT: CLS or GAP, fc_norm applied; DeiT: (h, dist row)
@@ -186,14 +195,18 @@ def describe_outputs(loaded: LoadedModel, outputs: tuple[str, ...], normalize_em
     if "probs" in outputs:
         details["probs"] = {"shape": ["batch", spec.num_classes], "dtype": "float32", "meaning": "softmax(logits) over the classes in labels.txt"}
     if "embedding" in outputs:
+        projection = loaded.extra.get("projection_head")
         details["embedding"] = {
-            "shape": ["batch", d], "dtype": "float32",
-            "meaning": "pooled pre-head feature of the model's own read-out" + (", L2-normalised" if normalize_embedding else ""),
+            "shape": ["batch", embedding_dim(loaded)], "dtype": "float32",
+            "meaning": ("the read-out through the model's pretrained projection head (a joint image-text space, CLIP-style)"
+                        if projection else "pooled pre-head feature of the model's own read-out")
+                       + (", L2-normalised" if normalize_embedding else ""),
             "readout": readout,
             "final_norm": pooled_norm,
             "final_norm_where": "after pooling (fc_norm)" if pooled_norm == "fc_norm" else ("before the read-out" if pooled_norm else "none"),
             "l2_normalized": bool(normalize_embedding),
-            "reference": reference["embedding"] + (", then L2-normalised" if normalize_embedding else ""),
+            "reference": ("timm forward_head(forward_features(x)) (the projection head)" if projection else reference["embedding"])
+                         + (", then L2-normalised" if normalize_embedding else ""),
         }
     if "patch_grid" in outputs:
         details["patch_grid"] = {

@@ -33,6 +33,14 @@ class LoadedModel:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def did_you_mean(name: str, known: list[str], count: int = 3) -> str:
+    """"; did you mean vit_small_patch16_224?" for a typo: the closest names by difflib's ratio."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=count, cutoff=0.75)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
 def parse_source(text: str | None) -> tuple[str, str]:
     """'timm:vit_tiny_patch16_224' -> ('timm', 'vit_tiny_patch16_224'); None -> builtin digits."""
     if not text:
@@ -76,11 +84,16 @@ def load_source(
         loaded = _load_timm(name, checkpoint, num_classes, model_kwargs or {})
     else:
         loaded = _load_hf(Path(name))
+    if isinstance(source, dict) and source.get("head") == "projection" and not source.get("labels_from"):
+        set_projection_head(loaded)  # re-loading a bundle's source: the head it was exported with
     if labels is not None:
         if len(labels) != loaded.spec.num_classes:
             raise UserError(f"labels file has {len(labels)} labels but the model's head has {loaded.spec.num_classes} classes")
         loaded.labels = list(labels)
         loaded.source["labels_from"] = "labels file"
+        # named outputs are classes: a projection head the user labelled is a classifier
+        loaded.extra.pop("projection_head", None)
+        loaded.source.pop("head", None)
     loaded.model.eval()
     return loaded
 
@@ -102,6 +115,7 @@ def load_state_dict(path: str | Path) -> dict[str, Any]:
             return load_file(str(path))
         except (SafetensorError, OSError, ValueError) as exc:
             raise UserError(f"checkpoint {path} is not a readable safetensors file ({exc})") from None
+    refuse_non_pytorch_checkpoint(path)
     torch = require("torch", "loading checkpoints")
     import warnings
 
@@ -126,6 +140,34 @@ def load_state_dict(path: str | Path) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict")
     # DataParallel / torch.compile prefixes
     return {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in state.items()}
+
+
+# What a file starts with: torch.save writes a zip archive (or, before torch 1.6, a pickle stream).
+ZIP_MAGIC = b"PK\x03\x04"
+PICKLE_MAGIC = b"\x80"
+KNOWN_OTHER_FORMATS = {
+    ".npz": "a NumPy .npz archive (Google's JAX ViT weights are published this way); timm loads those itself: use the "
+            "timm name with its tag (e.g. timm:vit_base_patch16_224.augreg_in21k), or convert the file to safetensors",
+    ".npy": "a NumPy array, not a state dict; save the model's state_dict with safetensors",
+    ".onnx": "an ONNX graph, not weights; vitdeploy exports from the PyTorch model (pass its safetensors or .pt state dict)",
+    ".h5": "a Keras/HDF5 file; convert the weights to a PyTorch state dict saved with safetensors",
+    ".msgpack": "a Flax checkpoint; load it with transformers' from_pretrained(..., from_flax=True) and save_pretrained() it",
+}
+
+
+def refuse_non_pytorch_checkpoint(path: Path) -> None:
+    """One line naming the format of a file that is not a PyTorch checkpoint at all, instead of the unpickler's
+    complaint (which would read as "needs code execution")."""
+    if path.suffix.lower() in KNOWN_OTHER_FORMATS:
+        raise UserError(f"checkpoint {path} is {KNOWN_OTHER_FORMATS[path.suffix.lower()]}")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise UserError(f"cannot read checkpoint {path}: {exc.strerror}") from None
+    if not (head.startswith(ZIP_MAGIC) or head.startswith(PICKLE_MAGIC)):
+        raise UserError(f"checkpoint {path} is not a PyTorch checkpoint (neither torch.save's zip nor a pickle); give a "
+                        ".safetensors file or a state dict saved with torch.save")
 
 
 def apply_state_dict(model: Any, state: dict[str, Any], where: str) -> None:
@@ -203,8 +245,7 @@ def _load_reference(weights_path: Path, config_path: Path | None = None) -> Load
 def _load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None, model_kwargs: dict[str, Any]) -> LoadedModel:
     timm = require("timm", "timm sources")
     if not timm.is_model(name):
-        close = timm.list_models(f"*{name.split('_')[0]}*")[:5]
-        raise UserError(f"timm has no model {name!r}{'; similar: ' + ', '.join(close) if close else ''}")
+        raise UserError(f"timm has no model {name!r}{did_you_mean(name.split('.')[0], timm.list_models())}")
     kwargs = dict(model_kwargs)
     if num_classes:
         kwargs["num_classes"] = int(num_classes)
@@ -244,7 +285,9 @@ def _load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None
         },
         "config_source": f"timm pretrained_cfg of {name} (tag {cfg.get('tag')})",
     }
-    labels = _timm_labels(spec.num_classes)
+    named = _timm_labels(model, spec.num_classes)
+    projection = is_projection_head(model, spec.num_classes, num_classes)
+    labels = [] if projection else (named or [str(i) for i in range(spec.num_classes)])
     source = {
         "kind": "timm",
         "name": name,
@@ -255,20 +298,42 @@ def _load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None
         "timm_version": timm.__version__,
         "random_init": checkpoint is None,
     }
-    return LoadedModel(model, spec, pre, labels, source, family=family)
+    if projection:
+        source["head"] = "projection"
+    return LoadedModel(model, spec, pre, labels, source, family=family,
+                       extra={"projection_head": {"dim": spec.num_classes}} if projection else {})
 
 
-def _timm_labels(num_classes: int) -> list[str]:
-    """ImageNet class names for 1000-class heads (timm ships them), else indices."""
-    if num_classes == 1000:
-        try:
-            from timm.data import ImageNetInfo
+def _timm_labels(model: Any, num_classes: int) -> list[str] | None:
+    """Class names of the ImageNet subset timm infers for this head (1k, 21k, 12k), else None: a head whose
+    outputs nothing names (a fine-tune's indices, or a projection)."""
+    try:
+        from timm.data import ImageNetInfo, infer_imagenet_subset
 
-            info = ImageNetInfo()
-            return [info.index_to_description(i) for i in range(1000)]
-        except Exception:  # older timm without ImageNetInfo: fall back to indices
-            pass
-    return [str(i) for i in range(num_classes)]
+        subset = infer_imagenet_subset(model)
+        if subset:
+            info = ImageNetInfo(subset)
+            if info.num_classes() == num_classes:
+                return [info.index_to_description(i) for i in range(num_classes)]
+    except Exception:  # older timm without ImageNetInfo, or a subset it ships no names for
+        pass
+    return None
+
+
+def set_projection_head(loaded: "LoadedModel") -> None:
+    loaded.extra["projection_head"] = {"dim": loaded.spec.num_classes}
+    loaded.source["head"] = "projection"
+    loaded.labels = []
+
+
+def is_projection_head(model: Any, num_classes: int, asked_classes: int | None) -> bool:
+    """A head that maps to a joint embedding space (CLIP/SigLIP image towers: 512-d, 768-d ...), not to
+    classes: it is the published head (the size of the pretrained config's), nothing names its outputs,
+    and the user did not ask for a number of classes. Such a model exports an embedding, not softmax
+    "probs" over 512 meaningless "classes"."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    return (num_classes > 0 and asked_classes is None and int(cfg.get("num_classes") or -1) == num_classes
+            and not cfg.get("label_names") and _timm_labels(model, num_classes) is None)
 
 
 def spec_from_timm(model: Any, name: str) -> ViTSpec:

@@ -141,9 +141,10 @@ class ArtifactCache:
                 if recorded["files"] == _listing(folder):
                     os.utime(stamp)  # last use, for pruning
                     return folder
-                changed = sorted(set(recorded["files"].items()) ^ set(_listing(folder).items()))[:3]
+                now = _listing(folder)
+                changed = sorted(k for k in set(recorded["files"]) | set(now) if recorded["files"].get(k) != now.get(k))[:3]
                 warnings.warn(f"cached test artifact {label or key!r} was changed since it was built "
-                              f"({', '.join(path for path, _ in changed)}); rebuilt. A test that changes a shared "
+                              f"({', '.join(changed)}); rebuilt. A test that changes a shared "
                               "bundle must copy it first (copy_bundle).", stacklevel=3)
             if folder.exists():  # changed, or a build that died before its stamp
                 shutil.rmtree(folder)

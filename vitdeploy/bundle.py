@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .fileio import atomic_write_json, atomic_write_text, sha256_file
+from .errors import IntegrityError, UsageError, UserError
+from .fileio import atomic_write_json, atomic_write_text, sha256_cached
+from .manifest import FORMAT, validate_bundle_manifest, validate_core
 from .spec import ViTSpec
 
-FORMAT = "vitdeploy-bundle/1"
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"
 METADATA_KEY = "vitdeploy.manifest"
@@ -60,12 +61,10 @@ class Bundle:
             if not mpath.is_file():
                 raise UserError(f"{path} is not a vitdeploy bundle (no {MANIFEST}); create one with `vitdeploy export -o {path}`")
             try:
-                manifest = json.loads(mpath.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
+                manifest = json.loads(mpath.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
                 raise UserError(f"{mpath} is unreadable or not JSON ({exc}); re-export the bundle") from None
-            if manifest.get("format") != FORMAT:
-                raise UserError(f"{mpath} has format {manifest.get('format')!r}, expected {FORMAT!r}")
-            return cls(path, manifest)
+            return cls(path, validate_bundle_manifest(manifest, str(mpath)))
         if path.is_file() and path.suffix == ".onnx":
             return cls(path.parent, read_onnx_manifest(path), bare_onnx=path)
         if not path.exists():
@@ -119,7 +118,19 @@ class Bundle:
                 "int8": "create it with `vitdeploy calibrate`",
             }.get(precision, "")
             raise UserError(f"bundle {self.root} has no {precision} graph; {hint}")
-        return self.root / record["file"]
+        path = self.root / record["file"]
+        self.verify_file(path, record["sha256"], f"{precision} graph")
+        return path
+
+    def verify_file(self, path: Path, recorded: str, what: str) -> str:
+        """The file's sha256 (cached by file identity), refused in one line when it is not the recorded one:
+        a graph swapped in from another bundle, or edited after its checks, is never run as this one."""
+        measured = sha256_cached(path)
+        if measured != recorded:
+            raise IntegrityError(f"{path} is not the {what} this bundle's manifest vouches for (sha256 {measured[:12]}… on disk, "
+                                 f"{recorded[:12]}… recorded): it was changed or copied in from elsewhere; re-export the "
+                                 "bundle, or put back the file that came with it")
+        return measured
 
     def artifact_record(self, precision: str) -> dict[str, Any]:
         return dict(self.manifest.get("artifacts", {}).get(precision, {}))
@@ -136,7 +147,7 @@ class Bundle:
     def add_artifact(self, precision: str, file: Path, record: dict[str, Any] | None = None) -> None:
         """Record a graph that is already in place (written atomically by its producer)."""
         self._require_folder()
-        rec = {"file": file.name, "sha256": sha256_file(file), "bytes": file.stat().st_size}
+        rec = {"file": file.name, "sha256": sha256_cached(file), "bytes": file.stat().st_size}
         rec.update(record or {})
         self.manifest.setdefault("artifacts", {})[precision] = rec
         # A new graph invalidates what was measured or built from the old one.
@@ -165,22 +176,37 @@ class Bundle:
                 del records[key]
 
 
+def refuse_export_precisions(requested: tuple[str, ...] | list[str]) -> None:
+    """`export --precision` writes fp32 and fp16; say where every other name comes from, or that it doesn't."""
+    unknown = sorted(set(requested) - {"fp32", "fp16"})
+    if "int8" in unknown:
+        raise UsageError("export writes fp32 and fp16 graphs; int8 needs calibration images: export, then run "
+                         "`vitdeploy calibrate BUNDLE --data DIR`")
+    if unknown:
+        raise UsageError(f"--precision {','.join(unknown)}: not a precision vitdeploy writes; it writes fp32 and fp16 "
+                         "(export, convert) and int8 (calibrate)")
+
+
 def write_labels(path: Path, labels: list[str]) -> None:
     atomic_write_text(path, "".join(f"{label}\n" for label in labels))
 
 
 def read_labels(path: str | Path, expected: int | None = None) -> list[str]:
-    """Labels file: one label per line, index order. Checks count and duplicates."""
+    """Labels file: one label per line, index order, UTF-8; blank lines are skipped.
+
+    Repeated display names are legitimate (ImageNet-1k names classes 134 and 517 both "crane"):
+    a label file maps indices to names, so what matters is the count and the order, not uniqueness.
+    """
     path = Path(path)
     try:
-        labels = [line.rstrip("\r\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UserError(f"cannot read labels file {path}: {exc.strerror}") from None
+        raise UserError(f"cannot read labels file {path}: {exc.strerror or exc.__class__.__name__}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"labels file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8, one label per line") from None
+    labels = [line.rstrip("\r\n") for line in text.splitlines() if line.strip()]
     if expected is not None and len(labels) != expected:
         raise UserError(f"labels file {path} has {len(labels)} labels but the model's head has {expected} classes")
-    dupes = sorted({label for label in labels if labels.count(label) > 1})
-    if dupes:
-        raise UserError(f"labels file {path} repeats labels: {', '.join(dupes[:5])}")
     return labels
 
 
@@ -196,7 +222,11 @@ def read_onnx_manifest(path: Path) -> dict[str, Any]:
     props = {p.key: p.value for p in model.metadata_props}
     if METADATA_KEY not in props:
         raise UserError(f"{path} carries no vitdeploy metadata; export it with `vitdeploy export`")
-    return json.loads(props[METADATA_KEY])
+    try:
+        manifest = json.loads(props[METADATA_KEY])
+    except ValueError as exc:
+        raise UserError(f"{path}: its {METADATA_KEY} metadata is not JSON ({exc}); re-export it with `vitdeploy export`") from None
+    return validate_core(manifest, f"{path} (metadata {METADATA_KEY})")
 
 
 def embed_manifest(model: Any, manifest: dict[str, Any]) -> None:
@@ -222,3 +252,59 @@ def embed_manifest(model: Any, manifest: dict[str, Any]) -> None:
         model.metadata_props.add(key=p.key, value=p.value)
     for key, value in flat.items():
         model.metadata_props.add(key=key, value=value)
+
+
+# What an export may replace. A bundle folder holds only what vitdeploy wrote: these names, the graph
+# files (model.onnx, model.<precision>.onnx and the 8.x lowerings, their external data), and the files
+# the manifest records. engines/, reports/ and variants/ are vitdeploy's own sub-folders.
+BUNDLE_NAMES = (MANIFEST, LABELS, "engines", "reports", "variants")
+GRAPH_NAME = re.compile(r"model(\.[A-Za-z0-9_.-]+)?\.onnx(\.data)?|model(\.[A-Za-z0-9_.-]+)?\.data")
+ATOMIC_TEMP = re.compile(r"\..+\.tmp")  # left by a write that was killed before its rename
+OWN_HIDDEN = re.compile(r"\.vitdeploy[-\w.]*")  # e.g. the --on copies' .vitdeploy-hashes.json
+
+
+def _first_file(folder: Path) -> str:
+    """A file inside ``folder`` to name in a refusal: a top-level one if there is one."""
+    entries = sorted(folder.iterdir(), key=lambda p: (p.is_dir() and not p.is_symlink(), p.name))
+    for entry in entries:
+        if not entry.is_dir() or entry.is_symlink():
+            return entry.name
+        inner = _first_file(entry)
+        if inner:
+            return f"{entry.name}/{inner}"
+    return entries[0].name + "/" if entries else ""
+
+
+def check_export_target(out_dir: Path) -> None:
+    """Export writes only into a new folder, an empty one, or a vitdeploy bundle (replaced whole): refuse,
+    in one line naming a file that would be lost, any folder that holds something vitdeploy did not write."""
+    here = Path.cwd().resolve()
+    if out_dir == here or out_dir in here.parents:
+        raise UsageError(f"-o {out_dir} is the folder you are in (or holds it): export replaces that folder whole; "
+                         "give a new folder name, e.g. -o bundle")
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if not out_dir.is_dir() or out_dir.is_symlink():
+        raise UserError(f"-o {out_dir} is {'a link' if out_dir.is_symlink() else 'a file'}, not a folder; "
+                        "give a new folder, an empty one or an existing bundle (nothing was written)")
+    entries = sorted(out_dir.iterdir())
+    if not entries:
+        return
+    manifest_path = out_dir / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise UserError(f"-o {out_dir} is not empty and is not a vitdeploy bundle (it holds {_first_file(out_dir)}): export "
+                        "would replace the whole folder; choose a new or empty folder, or move those files away (nothing was written)")
+    recorded = {rec.get("file") for rec in (manifest.get("artifacts") or {}).values() if isinstance(rec, dict)}
+    recorded |= {rec.get("file") for rec in (manifest.get("parser_graphs") or {}).values() if isinstance(rec, dict)}
+    for entry in entries:
+        name = entry.name
+        ours = (name in BUNDLE_NAMES and (entry.is_dir() == (name not in (MANIFEST, LABELS))) and not entry.is_symlink()) \
+            or name in recorded or (GRAPH_NAME.fullmatch(name) and entry.is_file()) or ((ATOMIC_TEMP.fullmatch(name) or OWN_HIDDEN.fullmatch(name)) and entry.is_file())
+        if not ours:
+            shown = f"{name}/{_first_file(entry)}".rstrip("/") if entry.is_dir() and not entry.is_symlink() else name
+            raise UserError(f"-o {out_dir} is a vitdeploy bundle but also holds {shown}, which vitdeploy did not write; re-export "
+                            "replaces the whole folder, so move it out first or choose another -o (nothing was written)")

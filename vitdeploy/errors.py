@@ -12,6 +12,13 @@ class UserError(VitDeployError):
     """Bad input the user can fix: a wrong path, an unknown model, a size that doesn't fit."""
 
 
+class UsageError(UserError):
+    """A command line that cannot mean anything (options that exclude each other, a value outside the
+    choices): exit code 2, as for Click's own usage errors. Everything else a user can fix is 1."""
+
+    exit_code = 2
+
+
 class ConfigError(UserError):
     """A configuration that cannot work, e.g. a patch-size change or a spec/weights mismatch."""
 
@@ -22,6 +29,10 @@ class MissingDependencyError(UserError):
 
 class DeviceError(UserError):
     """The hardware or runtime this needs is absent (no GPU, wrong TensorRT version, ...)."""
+
+
+class IntegrityError(UserError):
+    """A file's content is not what the manifest recorded (a graph swapped or edited after export)."""
 
 
 class CheckFailed(VitDeployError):

@@ -13,8 +13,9 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import UserError
 
@@ -112,21 +113,63 @@ def swap_dir(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# When this process started (close enough: vitdeploy imports this module first thing). A staging folder
+# older than that, whose writer is gone, was left by a killed export (SIGKILL, power loss).
+PROCESS_START = time.time()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_staging(target: Path) -> list[Path]:
+    """Remove the staging and swap-out folders a killed export into ``target`` left beside it.
+
+    Their names carry the writer's pid (``.NAME.staging.PID.*``, ``.NAME.old.PID``): a folder whose
+    writer is gone is removed; one whose writer still runs (a concurrent export) is left alone; an
+    older name without a pid is removed when it predates this process.
+    """
+    removed = []
+    for kind in ("staging", "old"):
+        for path in target.parent.glob(f".{target.name}.{kind}.*"):
+            parts = path.name[len(f".{target.name}.{kind}."):].split(".")
+            pid = int(parts[0]) if parts[0].isdigit() else None
+            try:
+                stale = (not _pid_alive(pid) and pid != os.getpid()) if pid is not None else path.stat().st_mtime < PROCESS_START
+            except OSError:
+                continue
+            if stale and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
-def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
+def staged_directory(target: str | os.PathLike, before_swap: Callable[[], None] | None = None) -> Iterator[Path]:
     """Build a whole directory in a sibling staging folder, then swap it in.
 
     The previous directory stays intact until the new one is complete; the swap is two renames.
+    ``before_swap`` runs just before them (export re-checks that the target is still its to replace).
+    Staging folders that killed runs left beside the target are removed first.
     """
     target = Path(target)
     _ensure_dir(target.parent)
+    remove_stale_staging(target)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.{os.getpid()}.", dir=target.parent))
     except OSError as exc:
         raise UserError(f"cannot write in {target.parent}: {exc.strerror}; choose a writable location") from None
     os.chmod(staging, _default_mode("dir"))
     try:
         yield staging
+        if before_swap is not None:
+            before_swap()
         swap_dir(staging, target)
     finally:
         if staging.exists():
@@ -143,3 +186,55 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+# -- hashes that cost nothing on repeat ---------------------------------------------------------------
+# Every command verifies a graph's sha256 against the manifest before it runs it. Hashing a ViT-L graph
+# takes seconds, so the digest is remembered per file identity: device, inode, size, mtime and ctime.
+# ctime cannot be set back by a user (`touch -d` or `cp -p` move it forward), so a file that was
+# rewritten, replaced or swapped in from elsewhere always misses and is hashed again.
+HASH_CACHE_ENTRIES = 512
+_HASHES: dict[str, str] = {}
+
+
+def _identity(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+
+
+def _hash_cache_file() -> Path | None:
+    root = os.environ.get("VITDEPLOY_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache")
+    if os.environ.get("VITDEPLOY_CACHE_DIR") is None:
+        root = Path(root) / "vitdeploy"
+    return Path(root) / "sha256-by-identity.json"
+
+
+def _load_hash_cache(file: Path | None) -> dict[str, str]:
+    if file is None or not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return {}  # a damaged cache is only a cache: hash again
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
+
+
+def sha256_cached(path: str | os.PathLike) -> str:
+    """sha256 of a file, remembered (in this process and in the user's cache folder) by its identity."""
+    path = Path(path)
+    key = _identity(path)
+    if key in _HASHES:
+        return _HASHES[key]
+    file = _hash_cache_file()
+    stored = _load_hash_cache(file)
+    digest = stored.get(key) or sha256_file(path)
+    _HASHES[key] = digest
+    if stored.get(key) != digest and file is not None:
+        stored[key] = digest
+        keep = dict(list(stored.items())[-HASH_CACHE_ENTRIES:])
+        try:  # best effort: a read-only home only costs a re-hash next time
+            file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(file, json.dumps(keep))
+        except (OSError, UserError):
+            pass
+    return digest

@@ -38,31 +38,66 @@ def decode_image(path: str | os.PathLike) -> np.ndarray:
 
     Colour modes follow the training pipelines (timm, torchvision, Hugging Face all call
     ``convert("RGB")``): grayscale is replicated, alpha is dropped, palettes and CMYK are converted.
-    16-bit grayscale is scaled to 8 bits (Pillow's own conversion would clip it at 255).
+    High-bit-depth grayscale (16-bit PNG/TIFF, 12-bit TIFF) is scaled from its declared range to 8
+    bits (Pillow's own conversion would clip it at 255). An image over Pillow's decompression-bomb
+    limit is refused in one line rather than decoded with a warning.
     """
+    import warnings
+
     image_mod = require("PIL.Image", "decoding images")
     ops = require("PIL.ImageOps", "decoding images")
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"image {path} does not exist")
+        raise UserError(f"image {path} does not exist" if not path.exists() else f"image {path} is not a file")
     try:
-        with image_mod.open(path) as img:
-            img.load()  # decode now, so a truncated file fails here and not later
-            upright = ops.exif_transpose(img)
-            return _to_rgb_array(upright if upright is not None else img)
-    except (OSError, SyntaxError, ValueError, image_mod.DecompressionBombError) as exc:
+        with warnings.catch_warnings():
+            # Pillow warns above MAX_IMAGE_PIXELS and raises above twice that: both are the same limit here
+            warnings.simplefilter("error", image_mod.DecompressionBombWarning)
+            with image_mod.open(path) as img:
+                img.load()  # decode now, so a truncated file fails here and not later
+                upright = ops.exif_transpose(img)
+                return _to_rgb_array(upright if upright is not None else img, path)
+    except (image_mod.DecompressionBombError, image_mod.DecompressionBombWarning):
+        limit = (image_mod.MAX_IMAGE_PIXELS or 0) / 1e6
+        raise UserError(f"image {path} is too large to decode safely (over Pillow's {limit:.0f}-megapixel limit); "
+                        "downscale it first") from None
+    except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
         # UnidentifiedImageError is an OSError; truncated data raises OSError; odd modes ValueError.
         reason = str(exc).split("\n")[0] or exc.__class__.__name__
         raise UserError(f"cannot read image {path}: {reason}; give a JPEG, PNG, BMP, TIFF or WebP file") from None
 
 
-def _to_rgb_array(img: Any) -> np.ndarray:
-    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+# Grayscale modes wider than 8 bits, as Pillow names them (I;16*: unsigned 16-bit; I: 32-bit signed,
+# which Pillow uses for some 16-bit PNGs and TIFFs)
+WIDE_GRAY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def declared_bits(img: Any) -> int:
+    """The bit depth an image file declares for its samples: TIFF BitsPerSample (12-bit sensor data is
+    stored in 16-bit words), else the mode's own width (16 for I;16 and for Pillow's I from a PNG)."""
+    tags = getattr(img, "tag_v2", None)
+    if tags is not None and 258 in tags:  # TIFF BitsPerSample
+        bits = tags[258]
+        bits = bits[0] if isinstance(bits, tuple) else bits
+        if isinstance(bits, int) and 1 <= bits <= 32:
+            return bits
+    return 16
+
+
+def _to_rgb_array(img: Any, path: Any = "image") -> np.ndarray:
+    if img.mode in WIDE_GRAY_MODES:
+        bits = declared_bits(img)
+        if bits > 16:
+            raise UserError(f"cannot read image {path}: {bits}-bit integer samples have no standard display range; "
+                            "convert it to 8 or 16 bits")
         gray = np.asarray(img).astype(np.int64)
-        if gray.max(initial=0) > 255:  # 16-bit data: keep its range instead of clipping
-            gray = (gray + 128) // 257
-        gray = np.clip(gray, 0, 255).astype(np.uint8)
+        top = (1 << bits) - 1  # the format's range, whatever this image happens to hold: monotonic
+        gray = (np.clip(gray, 0, top) * 255 + top // 2) // top
+        gray = gray.astype(np.uint8)
         return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2))
+    if img.mode == "F":
+        raise UserError(f"cannot read image {path}: floating-point samples (Pillow mode F) have no standard range; "
+                        "convert it to 8 or 16-bit integers")
     rgb = img if img.mode == "RGB" else img.convert("RGB")
     return np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8))
 

@@ -35,14 +35,23 @@ def verification_sizes(bundle: Bundle) -> list[tuple[int, int]]:
 
 
 def random_sets(bundle: Bundle, count: int, seed: int) -> list[EvalSet]:
+    """Seeded random images at every size: ``count`` per size at most, cut by the cost model's budget as
+    export's verification is (vitdeploy.budget), so checking a ViT-B/16 costs what verifying it did."""
+    from ..budget import DEFAULT_BUDGET_GMACS, plan_verification
+
     pre = bundle.preprocessing
+    model_size = None
     if pre.get("in_graph_resize"):
         to = pre["in_graph_resize"]["to"]
         sizes = [(to[0] * 3 // 2, to[1] * 5 // 4)]  # camera frames of another size
+        model_size = (int(to[0]), int(to[1]))
     else:
         sizes = verification_sizes(bundle)
-    return [EvalSet(f"random {h}x{w} (seed {seed + i})", random_images(count, h, w, seed + i), None, False,
-                    {"seed": seed + i, "height": h, "width": w}) for i, (h, w) in enumerate(sizes)]
+    plans = plan_verification(bundle.spec, sizes, count, model_size=model_size)
+    return [EvalSet(f"random {h}x{w} (seed {seed + i})", random_images(plan.images, h, w, seed + i), None, False,
+                    {"seed": seed + i, "height": h, "width": w, "requested": count, "gmacs_per_image": plan.gmacs_per_image,
+                     "budget_gmacs_per_runtime": DEFAULT_BUDGET_GMACS})
+            for i, ((h, w), plan) in enumerate(zip(sizes, plans))]
 
 
 def real_set(bundle: Bundle, data: str, limit: int | None = None) -> EvalSet:

@@ -35,9 +35,9 @@ import numpy as np
 
 from .. import __version__
 from ..bundle import Bundle
-from ..compare import Gate, accuracy, compare_outputs
+from ..compare import Gate, accuracy, compare_outputs, parity_gates
 from ..errors import UserError
-from ..fileio import atomic_write_json
+from ..fileio import atomic_write_json, sha256_cached
 
 KIND = "variable-size"
 OUTPUTS = ("logits", "probs")
@@ -199,7 +199,7 @@ def _score(bundle: Bundle, precision: str, execution: str, level: str, gated: bo
         raise UserError(f"{path} takes {names}; a variable-size graph takes (images, valid_hw): re-export the bundle")
     gates: List[Gate] = []
     entry: Dict[str, Any] = {"precision": precision, "backend": "onnxruntime", "execution": execution, "gated": gated,
-                             "file": path.name, "sha256": bundle.artifact_record(precision).get("sha256"), "optimization": level,
+                             "file": path.name, "sha256": sha256_cached(path), "optimization": level,
                              "providers": runner.info.details.get("providers")}
     has_task = any(s["labels"] is not None for s in sets)
     nonfinite = 0
@@ -212,7 +212,7 @@ def _score(bundle: Bundle, precision: str, execution: str, level: str, gated: bo
             stats = compare_outputs(name, s["ref"][name], got[name])
             row[name] = {k: v for k, v in stats.to_dict().items() if k != "name"}
             if precision == "fp32":
-                set_gates.append(Gate(f"max |d{name}| on {s['name']} (rows vs alone)", stats.max_abs, opts.fp32_max_abs, "<="))
+                set_gates.extend(parity_gates(name, stats, opts.fp32_max_abs, f" on {s['name']} (rows vs alone)"))
             elif s["labels"] is not None or not has_task:
                 set_gates.append(Gate(f"{name} cosine (1st percentile of rows) on {s['name']}", stats.cosine_p1, opts.cosine_min, ">="))
         top1 = row["logits"]["top1_agreement"]

@@ -14,9 +14,10 @@ import pkgutil
 import click
 
 from .. import __version__
+from .common import VitGroup
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=VitGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="vitdeploy")
 def main() -> None:
     """Export, verify, quantize, compile and profile Vision Transformer classifiers.

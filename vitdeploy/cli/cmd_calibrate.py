@@ -91,13 +91,14 @@ class _CalibrationProgress:
         if self.enabled:
             from rich.progress import Progress
 
-            self.bar = Progress(console=self.console, transient=True)
-            self.bar.start()
+            from ..console import lazy_progress
+
+            self.bar = lazy_progress(self.console, *Progress.get_default_columns())
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
-            self.bar.stop()
+            self.bar.__exit__(*exc)
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is None:

@@ -30,10 +30,10 @@ def command(bundle, precision, target, keep_fp32, as_json):
       vitdeploy convert vits-bundle --target cpu
     """
     from vitdeploy.bundle import Bundle
-    from vitdeploy.errors import UserError
+    from vitdeploy.errors import UsageError
 
     if (precision is None) == (target is None):
-        raise UserError("give one of --precision fp16 or --target cpu")
+        raise UsageError("give one of --precision fp16 or --target cpu")
     if target == "cpu":
         from vitdeploy.runtime.fused import CPU_KEY, add_cpu_graph_to_bundle
 
@@ -46,7 +46,7 @@ def command(bundle, precision, target, keep_fp32, as_json):
         return
 
     if precision == "int8":
-        raise UserError("INT8 needs calibration data: run `vitdeploy calibrate BUNDLE --data DIR` (it writes model.int8.onnx)")
+        raise UsageError("INT8 needs calibration data: run `vitdeploy calibrate BUNDLE --data DIR` (it writes model.int8.onnx)")
     from vitdeploy.exporters.fp16 import add_fp16_to_bundle
 
     target = Bundle.open(bundle)

@@ -37,15 +37,15 @@ def command(bundle: str, images: tuple[str, ...], output: str, patch_grid: bool,
     """
     import numpy as np
 
-    from ..errors import UserError
+    from ..errors import UsageError
     from ..fileio import atomic_path, atomic_write_text
     from ..runtime.classifier import BACKENDS, embed_files
     from ..spec import parse_resolution
 
     if not output.endswith(".npy"):
-        raise UserError(f"-o {output}: the features are written as a .npy array; give a name ending in .npy")
+        raise UsageError(f"-o {output}: the features are written as a .npy array; give a name ending in .npy")
     if patch_grid and normalize:
-        raise UserError("--normalize applies to embeddings; the patch grid is written as the graph returns it")
+        raise UsageError("--normalize applies to embeddings; the patch grid is written as the graph returns it")
     prefer = BACKENDS if backend == "auto" else (backend,)
     size = parse_resolution(resolution) if resolution else None
     feats, names, about = embed_files(bundle, images, patch_grid=patch_grid, normalize=normalize, precision=precision,

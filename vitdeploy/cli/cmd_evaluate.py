@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..errors import UserError
+from ..errors import UsageError
 from ..spec import parse_resolution
 from .common import command, echo_json, split_csv
 
@@ -75,7 +75,7 @@ def command(bundle, images, data, precision, suite, ladder, severities, resoluti
     from ..evaluate.report import BarProgress
 
     if images and not occlusion_map:
-        raise UserError(f"unexpected argument(s) {' '.join(images[:3])}: image arguments are for --occlusion-map; "
+        raise UsageError(f"unexpected argument(s) {' '.join(images[:3])}: image arguments are for --occlusion-map; "
                         "labelled data for the suite goes in --data")
     progress_console = get_console(stderr=True)
     if occlusion_map:

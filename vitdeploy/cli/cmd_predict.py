@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import UserError
 from .common import command, echo_json
 from ..remote.cli import on_device
 
@@ -29,7 +30,9 @@ from ..remote.cli import on_device
     help="auto: a TensorRT engine whose fingerprint matches this device, else ONNX Runtime.",
 )
 @click.option("--resolution", default=None, help="HxW for a dynamic-resolution bundle (default: the manifest's).")
-def command(bundle: str, images: tuple[str, ...], top_k: int, as_json: bool, precision: str, backend: str, resolution: str | None) -> None:
+@click.option("--strict", is_flag=True, help="Stop at the first file that cannot be read (default: name it, classify the rest, exit 1).")
+def command(bundle: str, images: tuple[str, ...], top_k: int, as_json: bool, precision: str, backend: str, resolution: str | None,
+            strict: bool) -> None:
     """Classify IMAGES (files or folders) with BUNDLE.
 
     Images are decoded with Pillow (EXIF orientation applied; grayscale, RGBA, palette and CMYK
@@ -46,11 +49,17 @@ def command(bundle: str, images: tuple[str, ...], top_k: int, as_json: bool, pre
 
     prefer = BACKENDS if backend == "auto" else (backend,)
     size = parse_resolution(resolution) if resolution else None
-    results, about = predict_files(bundle, images, top_k=top_k, precision=precision, prefer=prefer, size=size)
+    results, about = predict_files(bundle, images, top_k=top_k, precision=precision, prefer=prefer, size=size, strict=strict)
+    failed = [item for item in results if "error" in item]
     if as_json:
         echo_json(results)
-        return
-    click.echo(f"# {about['backend']} {about['precision']} on {about['device']}, input {about['input_size'][0]}x{about['input_size'][1]}", err=True)
-    for item in results:
-        tops = ", ".join(f"{t['label']} {t['prob']:.4f}" for t in item["top"])
-        click.echo(f"{item['image']}: {tops}")
+    else:
+        click.echo(f"# {about['backend']} {about['precision']} on {about['device']}, input {about['input_size'][0]}x{about['input_size'][1]}", err=True)
+        for item in results:
+            if "error" in item:
+                click.echo(f"error: {item['error']} (skipped)", err=True)
+                continue
+            tops = ", ".join(f"{t['label']} {t['prob']:.4f}" for t in item["top"])
+            click.echo(f"{item['image']}: {tops}")
+    if failed:
+        raise UserError(f"{len(failed)} of {len(results)} images could not be read (named above); --strict stops at the first")

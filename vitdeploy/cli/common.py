@@ -1,12 +1,17 @@
 """What every command shares: error mapping and small option parsers.
 
-A VitDeployError becomes one line on stderr and its exit code (1 for user errors); Click's usage
-errors keep exit code 2. Commands work the same when invoked alone (tests call them directly).
+Every error is one line on stderr (`error: ...`) and a non-zero exit: 2 for usage (Click's own usage
+errors and vitdeploy's UsageError: options that exclude each other, values outside the choices), 1 for
+everything else (a VitDeployError's exit_code), 130 for Ctrl-C and 143 for SIGTERM. Commands work the
+same when invoked alone (tests call them directly).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from typing import Any
 
 import click
@@ -14,14 +19,70 @@ import click
 from ..errors import VitDeployError
 
 
-class VitCommand(click.Command):
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a service manager, `kill`, a CI timeout): unwound like Ctrl-C, so every staged or
+    temporary file is removed on the way out, then reported as 143 (128 + SIGTERM)."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Any:
+    """Turn SIGTERM into Terminated while a command runs, unless someone installed a handler already
+    (`serve` sets its own, to drain requests) or this is not the main thread (signals go there only)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class OneLineErrors:
+    """Click's own errors (unknown option, missing argument, bad value) as one line like ours, with the
+    command's help named, instead of Click's usage block; exit code 2 for usage, as Click has it."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)  # type: ignore[misc]
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)  # type: ignore[misc]
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "vitdeploy"
+            click.echo(f"error: {one_line(exc.format_message()).rstrip('.')}; see `{where} --help`", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {one_line(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        # outside standalone mode Click returns ctx.exit()'s code instead of exiting with it
+        sys.exit(result if isinstance(result, int) and not isinstance(result, bool) else 0)
+
+
+class VitGroup(OneLineErrors, click.Group):
+    """The `vitdeploy` group: one-line usage errors for unknown commands too."""
+
+
+class VitCommand(OneLineErrors, click.Command):
     """A Click command that maps VitDeployError to one clean line and a non-zero exit."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _sigterm_unwinds():
+                return super().invoke(ctx)
         except VitDeployError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(exc)}", err=True)
             ctx.exit(exc.exit_code)
         except ImportError as exc:
             # An optional dependency missing below a lazy import: one line with what to install.
@@ -30,6 +91,9 @@ class VitCommand(click.Command):
             module = getattr(exc, "name", None) or str(exc)
             click.echo(f"error: {module} is needed for `{ctx.command.name}` but cannot be imported ({exc}); {install_hint(module)}", err=True)
             ctx.exit(1)
+        except Terminated:
+            click.echo("terminated (SIGTERM): nothing was written (artifacts are replaced atomically)", err=True)
+            ctx.exit(143)
         except KeyboardInterrupt:
             click.echo("interrupted: nothing was written (artifacts are replaced atomically)", err=True)
             ctx.exit(130)

@@ -315,7 +315,7 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
     from ..checks.inputs import random_sets, real_set
     from ..data import default_data
     from ..checks.run import CheckOptions
-    from ..compare import Gate, accuracy, compare_outputs
+    from ..compare import Gate, accuracy, compare_outputs, parity_gates
     from ..runtime.ort import OrtRunner
 
     limits = CheckOptions()
@@ -347,7 +347,7 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
             stats = compare_outputs(name, a[name], b[name])
             rows.append({"set": s.name, "output": name, "max_abs": stats.max_abs, "cosine_p1": stats.cosine_p1, "top1_agreement": stats.top1_agreement})
             if precision == "fp32":
-                gates.append(Gate(f"max |d{name}| on {s.name}", stats.max_abs, FP32_MAX_ABS, "<="))
+                gates.extend(parity_gates(name, stats, FP32_MAX_ABS, f" on {s.name}"))
                 continue
             gates.append(Gate(f"{name} cosine (1st percentile) on {s.name}", stats.cosine_p1, limits.cosine_min, ">="))
             if s.real and s.labels is not None and name == primary:

@@ -245,10 +245,11 @@ class BarProgress:
     """A rich progress bar on stderr for the scorer passes (conditions x scorers)."""
 
     def __init__(self, console: Any):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                  console=console, transient=True)
+        from ..console import lazy_progress
+
+        self._progress = lazy_progress(console, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         self._task = None
 
     def __enter__(self) -> "BarProgress":

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import UsageError, UserError
 from ..runtime.base import Runner
 
 DEFAULT_WARMUP = 10
@@ -247,13 +247,13 @@ class Measurement:
 def check_budget(warmup: int, iterations: int | None, duration_s: float | None) -> tuple[int | None, float | None]:
     """Refuse an impossible timing budget; default to DEFAULT_DURATION_S when none is given."""
     if iterations is not None and duration_s is not None:
-        raise UserError("give either an iteration count (--iterations) or a duration (--duration), not both")
+        raise UsageError("give either an iteration count (--iterations) or a duration (--duration), not both")
     if warmup < 0:
-        raise UserError(f"warm-up must be >= 0 iterations, got {warmup}")
+        raise UsageError(f"warm-up must be >= 0 iterations, got {warmup}")
     if iterations is not None and iterations < 1:
-        raise UserError(f"iterations must be >= 1, got {iterations}")
+        raise UsageError(f"iterations must be >= 1, got {iterations}")
     if duration_s is not None and not duration_s > 0:
-        raise UserError(f"duration must be > 0 seconds, got {duration_s}")
+        raise UsageError(f"duration must be > 0 seconds, got {duration_s}")
     if iterations is None and duration_s is None:
         duration_s = DEFAULT_DURATION_S
     return iterations, duration_s

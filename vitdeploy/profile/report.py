@@ -438,15 +438,16 @@ class SweepProgress:
     """A rich progress bar on stderr while the sweep runs; feeds run_sweep's callbacks."""
 
     def __init__(self, console: Any):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=console, transient=True)
+        from ..console import lazy_progress
+
+        # starts with the first cell: a sweep refused before it times anything prints no blank line
+        self.progress = lazy_progress(console, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         self.task: Any = None
         self.round_task: Any = None
 
     def __enter__(self) -> "SweepProgress":
-        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:

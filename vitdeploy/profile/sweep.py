@@ -36,7 +36,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..costs import CostReport, vit_costs
-from ..errors import DeviceError, MissingDependencyError, UserError, VitDeployError
+from ..errors import DeviceError, MissingDependencyError, UsageError, UserError, VitDeployError
 from ..lazy import available, require
 from ..runtime.base import Runner, TensorInfo
 from . import gemm_probe, tegrastats
@@ -182,34 +182,33 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
 
         fills = list(parse_fills(config.fills if config.fills is not None else DEFAULT_FILLS))
     elif config.fills is not None:
-        raise UserError("--fill applies to variable-size bundles (export --variable-size --canvas HxW); this graph takes one input size")
+        raise UsageError("--fill applies to variable-size bundles (export --variable-size --canvas HxW); this graph takes one input size")
     resolutions = config.resolutions or [tuple(variable["canvas"]) if variable else tuple(spec.image_size)]
     for h, w in resolutions:
         spec.grid(h, w)  # one clear line naming the nearest valid sizes
     batches = sorted(dict.fromkeys(config.batches))
     if not batches or any(b < 1 for b in batches):
-        raise UserError(f"batch sizes must be positive integers, got {config.batches}")
+        raise UsageError(f"batch sizes must be positive integers, got {config.batches}")
     if config.threads is not None and config.threads < 1:
-        raise UserError(f"--threads must be >= 1, got {config.threads}")
+        raise UsageError(f"--threads must be >= 1, got {config.threads}")
     if config.pin and (config.threads or 0) > len(cpu_affinity()):
-        raise UserError(f"--pin with --threads {config.threads}: this process may use only {len(cpu_affinity())} CPUs")
+        raise UsageError(f"--pin with --threads {config.threads}: this process may use only {len(cpu_affinity())} CPUs")
     if config.pin and not hasattr(os, "sched_setaffinity"):
         raise UserError("--pin needs CPU affinity control (Linux); run without --pin")
     check_budget(config.warmup, config.iterations, config.duration_s)
     if config.rounds is not None:
         if config.rounds < 2:
-            raise UserError(f"--rounds must be >= 2 (it splits each cell's timed calls into rounds), got {config.rounds}")
+            raise UsageError(f"--rounds must be >= 2 (it splits each cell's timed calls into rounds), got {config.rounds}")
         if config.duration_s is not None:
-            raise UserError("--rounds splits a fixed --iterations count over the rounds; it does not combine with --duration")
+            raise UsageError("--rounds splits a fixed --iterations count over the rounds; it does not combine with --duration")
         if config.iterations is not None and config.iterations < config.rounds:
-            raise UserError(f"--iterations {config.iterations} is fewer than --rounds {config.rounds}: each round times at least one call")
+            raise UsageError(f"--iterations {config.iterations} is fewer than --rounds {config.rounds}: each round times at least one call")
     if not config.cv_threshold > 0:
-        raise UserError(f"the CV threshold must be > 0, got {config.cv_threshold}")
+        raise UsageError(f"the CV threshold must be > 0, got {config.cv_threshold}")
 
     if any(b in GRAPH_BACKENDS for b in backends):
-        for p in precisions:
-            if p not in present:
-                bundle.artifact_path(p)  # raises the UserError that says how to make that graph
+        for p in precisions:  # a missing graph says how to make it; a changed one is refused before any timing
+            bundle.artifact_path(p)
     if "tensorrt" in backends and not _cuda_visible():
         raise DeviceError("the tensorrt backend needs an NVIDIA GPU with TensorRT; this machine has none (use --backend ort,torch)")
     if "ort" in backends and config.device == "cuda":

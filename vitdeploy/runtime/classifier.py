@@ -35,7 +35,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from ..bundle import Bundle
-from ..errors import DeviceError, UserError
+from ..errors import DeviceError, IntegrityError, UserError
 from ..images import decode_image, model_input_size, resize_for_model, to_channel_order
 
 BACKENDS = ("tensorrt", "onnxruntime")
@@ -127,6 +127,8 @@ class Classifier:
                 if backend == "tensorrt":
                     return _load_tensorrt(cls, bundle, precision, input_size, passed_over)
                 return _load_onnxruntime(cls, bundle, precision, providers, threads, input_size, max_batch, passed_over)
+            except IntegrityError:  # a graph the manifest does not vouch for is refused, never passed over
+                raise
             except (DeviceError, UserError) as exc:  # MissingDependencyError is a UserError
                 if len(prefer) == 1:
                     raise
@@ -303,15 +305,32 @@ def predict_files(
     precision: str = "best",
     prefer: Sequence[str] = BACKENDS,
     size: Sequence[int] | None = None,
+    strict: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Classify image files: ``[{"image": path, "top": [{"label", "prob"}, ...]}, ...]`` and the
-    classifier's description (backend, precision, device, why)."""
+    classifier's description (backend, precision, device, why).
+
+    A file that cannot be read (not an image, truncated, too large) gets ``{"image": path, "error":
+    one line}`` in its place and the others are still classified; ``strict`` stops at the first.
+    """
     paths = expand_image_paths(images)
     with Classifier.load(bundle, prefer=prefer, precision=precision, size=size) as clf:
-        tops = clf.classify([str(p) for p in paths], top_k=top_k)
+        prepared: list[tuple[int, np.ndarray]] = []
+        errors: dict[int, str] = {}
+        for i, path in enumerate(paths):
+            try:  # decoded and resized one by one, so one bad file names itself and costs only itself
+                prepared.append((i, clf.prepare(str(path))))
+            except UserError as exc:
+                if strict:
+                    raise
+                errors[i] = str(exc)
+        if not prepared:
+            raise UserError(f"none of the {len(paths)} images could be read; first: {errors[0]}")
+        tops = dict(zip([i for i, _ in prepared], clf.classify([a for _, a in prepared], top_k=top_k)))
         about = clf.describe()
     results = [
-        {"image": str(path), "top": [{"label": t.label, "prob": t.prob} for t in top]} for path, top in zip(paths, tops)
+        {"image": str(path), "error": errors[i]} if i in errors else
+        {"image": str(path), "top": [{"label": t.label, "prob": t.prob} for t in tops[i]]} for i, path in enumerate(paths)
     ]
     return results, about
 

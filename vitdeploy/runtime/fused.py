@@ -307,7 +307,7 @@ def gate_cpu_graph(bundle: Bundle, fused_bytes: bytes, images_per_size: int = 4,
     bundled model's real test split where there is one), on every output."""
     from vitdeploy.checks.inputs import real_set, verification_sizes
     from vitdeploy.data import default_data
-    from vitdeploy.compare import Gate, compare_outputs
+    from vitdeploy.compare import Gate, compare_outputs, parity_gates
     from vitdeploy.preprocess import random_images
     from vitdeploy.runtime.ort import OrtRunner
 
@@ -328,7 +328,7 @@ def gate_cpu_graph(bundle: Bundle, fused_bytes: bytes, images_per_size: int = 4,
             r, c = ref[out], got[out]
             stats = compare_outputs(out, r.reshape(len(r), -1), c.reshape(len(c), -1))
             rows.append({"set": name, **stats.to_dict()})
-            gates.append(Gate(f"max |d| {out} on {name}", stats.max_abs, MAX_ABS_LIMIT, "<="))
+            gates.extend(parity_gates(f" {out}", stats, MAX_ABS_LIMIT, f" on {name}"))
             gates.append(Gate(f"worst cosine {out} on {name}", stats.cosine_min, COSINE_MIN, ">="))
             if out == "logits":
                 gates.append(Gate(f"top-1 agreement on {name}", stats.top1_agreement, 1.0, ">="))

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence, Tuple
 import numpy as np
 
 from ..bundle import Bundle
-from ..errors import DeviceError, UserError
+from ..errors import DeviceError, IntegrityError, UserError
 from ..images import decode_image, to_channel_order
 from ..variable import VALID_INPUT, check_sizes_for_canvas, fit_image, pad_to_canvas
 from . import classifier as classifier_module
@@ -35,6 +35,8 @@ class VariableSizeClassifier(Classifier):
                     clf = cls._load_tensorrt(bundle, precision, passed_over)
                 else:
                     clf = cls._load_onnxruntime(bundle, precision, providers, threads, max_batch, passed_over)
+            except IntegrityError:  # a graph the manifest does not vouch for is refused, never passed over
+                raise
             except (DeviceError, UserError) as exc:
                 if len(tuple(prefer)) == 1:
                     raise
