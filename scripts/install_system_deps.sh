@@ -16,6 +16,7 @@ PACKAGES=(
     nlohmann-json3-dev   # manifest.json / engine.json reading
     libstb-dev           # stb_image (decode) + stb_image_resize (the host resize rule)
     libexif-dev          # EXIF orientation, so C++ rotates photos like the Python side does
+    libssl-dev           # OpenSSL's sha256: C++ checks a graph or plan against its recorded digest before it runs
     openssh-client       # `--on HOST`: ssh to the device (tests/test_remote.py)
     openssh-server       # tests/test_remote.py starts its own sshd on 127.0.0.1 as the "device" (not as a service)
 )

@@ -1,5 +1,7 @@
 #include "vitdeploy/bundle.hpp"
 
+#include "vitdeploy/integrity.hpp"
+
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -114,6 +116,7 @@ EngineInfo read_engine(const std::string& engine_dir, const std::string& target)
     e.target = target;
     e.dir = engine_dir;
     e.plan_path = join(engine_dir, "model.plan");
+    e.plan_sha256 = get_or<std::string>(j, "plan_sha256", "");
     e.precision = get_or<std::string>(j, "precision", "fp32");
     e.tensorrt = get_or<std::string>(j, "tensorrt", "");
     e.version_compatible = get_or<bool>(j, "version_compatible", false);
@@ -205,9 +208,22 @@ Bundle read_bundle(const std::string& dir) {
     }
 
     b.labels = read_labels(join(dir, "labels.txt"));
-    if (static_cast<int>(b.labels.size()) != b.num_classes)
+    // class scores need one label per class; a backbone or a projection head (CLIP-style embedding) has none
+    const bool class_outputs = b.has_output("logits") || b.has_output("probs");
+    if (class_outputs && static_cast<int>(b.labels.size()) != b.num_classes)
         throw std::runtime_error(join(dir, "labels.txt") + " has " + std::to_string(b.labels.size()) + " labels but the model has " +
                                  std::to_string(b.num_classes) + " classes; re-export the bundle");
+
+    if (m.contains("artifacts") && m["artifacts"].is_object()) {
+        for (const char* precision : {"fp32", "fp16", "int8", "cpu"}) {
+            auto it = m["artifacts"].find(precision);
+            if (it == m["artifacts"].end() || !it->is_object()) continue;
+            const auto file = get_or<std::string>(*it, "file", "");
+            if (file.empty() || file.find('/') != std::string::npos || file[0] == '.')
+                throw std::runtime_error(mpath + ": artifacts." + precision + ".file is not a file name inside the bundle; re-export the bundle");
+            b.artifacts.push_back({precision, join(dir, file), get_or<std::string>(*it, "sha256", "")});
+        }
+    }
 
     if (m.contains("engines") && m["engines"].is_object()) {
         for (const auto& [target, record] : m["engines"].items()) {
@@ -223,6 +239,20 @@ Bundle read_bundle(const std::string& dir) {
         }
     }
     return b;
+}
+
+std::string Bundle::verified_graph(const std::string& precision) const {
+    for (const auto& a : artifacts)
+        if (a.precision == precision) {
+            verify_sha256(a.path, a.sha256, precision + " graph");
+            return a.path;
+        }
+    throw std::runtime_error("bundle " + root + " has no " + precision + " graph in its manifest; make it with vitdeploy (export, convert, calibrate)");
+}
+
+std::string Bundle::verified_plan(const EngineInfo& engine) const {
+    verify_sha256(engine.plan_path, engine.plan_sha256, "engine plan");
+    return engine.plan_path;
 }
 
 bool Bundle::has_output(const std::string& name) const {

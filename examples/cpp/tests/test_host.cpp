@@ -14,6 +14,7 @@
 
 #include "vitdeploy/bundle.hpp"
 #include "vitdeploy/image.hpp"
+#include "vitdeploy/integrity.hpp"
 #include "vitdeploy/resample.hpp"
 #include "vitdeploy/topk.hpp"
 #include "vitdeploy/variable.hpp"
@@ -231,6 +232,35 @@ void test_bundle(const std::string& dir) {
     CHECK(throws_with([&] { vitdeploy::read_bundle(dir + "/nowhere"); }, "manifest.json"));
 }
 
+// -- integrity (issue 31: never run a graph or plan the records do not vouch for) ----------------------
+void test_integrity(const std::string& dir) {
+    const std::string file = dir + "/abc.bin";
+    write_text(file, "abc");
+    const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";  // FIPS 180-2 example
+    CHECK(vitdeploy::sha256_file(file) == abc);
+    vitdeploy::verify_sha256(file, abc, "graph");
+    CHECK(throws_with([&] { vitdeploy::verify_sha256(file, std::string(64, '0'), "fp32 graph"); }, "is not the fp32 graph"));
+    CHECK(throws_with([&] { vitdeploy::verify_sha256(file, "", "engine plan"); }, "no sha256 is recorded"));
+    CHECK(throws_with([&] { vitdeploy::sha256_file(dir + "/missing.bin"); }, "cannot open"));
+
+    const std::string b = dir + "/verified";
+    std::system(("mkdir -p " + b + "/engines/gpu").c_str());
+    std::string m = manifest(R"({"input_size": [16, 16]})", R"({"mode": "static", "height": 16, "width": 16})", R"({"gpu": {}})");
+    m.insert(m.size() - 1, R"(, "artifacts": {"fp32": {"file": "model.onnx", "sha256": ")" + abc + R"("}})");
+    write_text(b + "/manifest.json", m);
+    write_text(b + "/labels.txt", "cat\ndog\nfox\n");
+    write_text(b + "/model.onnx", "abc");
+    write_text(b + "/engines/gpu/model.plan", "abd");
+    write_text(b + "/engines/gpu/engine.json", R"({"tensorrt": "10.3.0", "plan_sha256": ")" + abc + R"(",
+        "profiles": [{"batch": [1, 1, 1], "height": [16, 16, 16], "width": [16, 16, 16]}]})");
+    auto bundle = vitdeploy::read_bundle(b);
+    CHECK(bundle.verified_graph("fp32") == b + "/model.onnx");
+    CHECK(throws_with([&] { bundle.verified_graph("int8"); }, "no int8 graph"));
+    CHECK(throws_with([&] { bundle.verified_plan(bundle.engines.at(0)); }, "is not the engine plan"));  // swapped plan
+    write_text(b + "/model.onnx", "abd");  // a graph copied in from elsewhere
+    CHECK(throws_with([&] { bundle.verified_graph("fp32"); }, "is not the fp32 graph"));
+}
+
 // -- graph outputs (issue 12: embedding and patch grid) ---------------------------------------------
 void test_outputs(const std::string& dir) {
     const std::string b = dir + "/features";
@@ -446,6 +476,7 @@ int main(int argc, char** argv) {
     test_orientation();
     test_decode_and_resize(dir);
     test_bundle(dir);
+    test_integrity(dir);
     test_outputs(dir);
     test_resample_matches_pillow();
     test_variable_policy_and_guards();

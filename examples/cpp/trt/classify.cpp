@@ -150,7 +150,8 @@ int run(const Args& args) {
     }
     std::cerr << "engine " << chosen->target << " (" << chosen->precision << ", TensorRT " << chosen->tensorrt << "), input " << h << "x" << w << "\n";
 
-    std::ifstream in(chosen->plan_path, std::ios::binary | std::ios::ate);
+    // the plan is what engine.json vouches for (its plan_sha256), or it is not deserialised
+    std::ifstream in(bundle.verified_plan(*chosen), std::ios::binary | std::ios::ate);
     if (!in) throw std::runtime_error("cannot open " + chosen->plan_path);
     std::vector<char> plan(static_cast<size_t>(in.tellg()));
     in.seekg(0);

@@ -54,6 +54,7 @@ struct EngineInfo {
     std::string target;      // engines/<target>
     std::string dir;         // absolute-or-relative path of that folder
     std::string plan_path;   // dir/model.plan
+    std::string plan_sha256;  // engine.json plan_sha256: checked before the plan is deserialised (integrity.hpp)
     std::string precision;   // fp32 | fp16 | int8
     std::string tensorrt;    // TensorRT version that built it, e.g. "10.3.0"
     std::string gpu_name;
@@ -77,6 +78,13 @@ struct OutputInfo {
     int dropped_prefix_tokens = 0;   // patch_grid: CLS + distillation + register tokens left out
 };
 
+// A graph the manifest records (artifacts.<precision>): its file inside the bundle and its sha256.
+struct Artifact {
+    std::string precision;  // fp32 | fp16 | int8 | cpu
+    std::string path;       // root/file
+    std::string sha256;
+};
+
 struct Bundle {
     std::string root;
     std::string name;
@@ -88,6 +96,7 @@ struct Bundle {
     std::array<int, 2> patch_size{0, 0};
     bool dynamic_resolution = false;
     int default_h = 0, default_w = 0;  // manifest resolution height/width
+    std::vector<Artifact> artifacts;  // manifest artifacts, in fp32, fp16, int8, cpu order
     std::vector<EngineInfo> engines;
     std::vector<std::string> engine_errors;  // listed engines whose engine.json could not be read
 
@@ -100,6 +109,11 @@ struct Bundle {
     std::pair<int, int> input_size(std::pair<int, int> requested = {0, 0}) const;
 
     bool has_output(const std::string& name) const;
+    // The path of the `precision` graph after checking its sha256 against the manifest (one-line
+    // std::runtime_error when it is absent or differs): what an ONNX Runtime host opens.
+    std::string verified_graph(const std::string& precision) const;
+    // The engine's plan path after checking it against engine.json's plan_sha256.
+    std::string verified_plan(const EngineInfo& engine) const;
     // Floats one image contributes to output `name` at input h x w (K, d, or d * G_h * G_w): the
     // size of a host/device buffer per batch row. Throws for an output the graph does not have.
     size_t output_elements(const std::string& name, int h, int w) const;
