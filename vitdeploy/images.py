@@ -51,7 +51,9 @@ def decode_image(path: str | os.PathLike) -> np.ndarray:
         raise UserError(f"image {path} does not exist" if not path.exists() else f"image {path} is not a file")
     try:
         with warnings.catch_warnings():
-            # Pillow warns above MAX_IMAGE_PIXELS and raises above twice that: both are the same limit here
+            # Pillow's own warnings (a truncated TIFF read, an odd EXIF) would print before our one line
+            warnings.simplefilter("ignore")
+            # it warns above MAX_IMAGE_PIXELS and raises above twice that: both are the same limit here
             warnings.simplefilter("error", image_mod.DecompressionBombWarning)
             with image_mod.open(path) as img:
                 img.load()  # decode now, so a truncated file fails here and not later

@@ -168,13 +168,18 @@ def check_resolution(height: int, width: int, patch_size: tuple[int, int]) -> No
         raise UserError("; ".join(problems))
 
 
+MAX_SIDE = 1 << 16  # no ViT input is 65536 pixels on a side; a larger number is a typo
+
+
 def parse_resolution(text: str) -> tuple[int, int]:
-    """'384' -> (384, 384); '224x320' -> (224, 320) (height x width)."""
-    raw = text.strip().lower()
-    try:
-        if "x" in raw:
-            h, w = raw.split("x", 1)
-            return int(h), int(w)
-        return int(raw), int(raw)
-    except ValueError:
-        raise UserError(f"resolution {text!r} is not N or HxW (e.g. 384 or 224x320)") from None
+    """'384' -> (384, 384); '224x320' -> (224, 320) (height x width). ASCII digits only, each side 1..65536."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[x×]\s*(\d+)\s*)?", str(text), re.ASCII | re.IGNORECASE)
+    if match is None:
+        raise UserError(f"resolution {text!r} is not N or HxW (e.g. 384 or 224x320)")
+    height = int(match.group(1))
+    width = int(match.group(2)) if match.group(2) is not None else height
+    if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE):
+        raise UserError(f"resolution {text!r}: each side must be between 1 and {MAX_SIDE} pixels")
+    return height, width
