@@ -26,6 +26,9 @@ from ..remote.cli import on_device
               default="none", show_default=True,
               help="Hardware-compatible engine: other GPUs of that level, same platform (ampere+: TensorRT >= 8.6; same-cc: >= 10.9).")
 @click.option("--version-compatible", is_flag=True, help="Version-compatible engine: runs on later TensorRT of the same major (>= 8.6).")
+@click.option("--profile-layers", is_flag=True,
+              help="Build with detailed profiling verbosity, then profile per layer with trtexec (or print that command): "
+                   "time per ViT block, attention/MLP, beside the cost model.")
 @click.option("--strip-weights", is_flag=True,
               help="Weight-stripped plan (TensorRT >= 10): small engine, refit from the bundle's ONNX on the device before first use.")
 @click.option("--dla-core", type=int, help="Jetson: run on DLA core N with GPU fallback (fp16/int8, static shapes).")
@@ -73,7 +76,7 @@ def command(bundle: str, **kw: object) -> None:
         timing_cache=kw["timing_cache"], hardware_compatibility=kw["hardware_compat"],
         version_compatible=kw["version_compatible"], dla_core=kw["dla_core"], gpu_fallback=not kw["no_gpu_fallback"],
         calib_data=kw["calib_data"], calib_cache=kw["calib_cache"], calib_batch=kw["calib_batch"], target=kw["target"],
-        strip_weights=kw["strip_weights"],
+        strip_weights=kw["strip_weights"], profile_layers=kw["profile_layers"],
     )  # type: ignore[arg-type]
     request = BuildEngineRequest(bundle, options, kw["trt_version"], kw["dry_run"], kw["print_trtexec"], kw["dla_report"], kw["lint"])  # type: ignore[arg-type]
     outcome = run(request, log=click.echo)

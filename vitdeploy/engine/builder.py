@@ -146,6 +146,8 @@ def recipe(plan: EnginePlan, caps: Capabilities) -> BuildRecipe:
         steps.append(Step("hardware_compatibility_level", (Ref(f"HardwareCompatibilityLevel.{level}"),), assign=True))
     if plan.version_compatible:
         steps.append(Step("set_flag", (Ref("BuilderFlag.VERSION_COMPATIBLE"),)))
+    if plan.profile_layers:
+        steps.append(Step("profiling_verbosity", (Ref("ProfilingVerbosity.DETAILED"),), assign=True))
     if plan.strip_weights:
         if not (caps.strip_plan and caps.refit_identical):
             raise ConfigError(f"TensorRT {caps.version} has no weight-stripped plans (STRIP_PLAN + REFIT_IDENTICAL, 10.0+)")

@@ -320,6 +320,7 @@ class PlanOptions:
     calib_batch: int = 8
     target: str | None = None
     strip_weights: bool = False  # validated by ``portable.apply`` (weight-stripped plan, refit on the device)
+    profile_layers: bool = False  # build with ProfilingVerbosity.DETAILED, then profile per layer (``profile.layer_report``)
 
 
 @dataclass(frozen=True)
@@ -359,6 +360,7 @@ class EnginePlan:
     # Weight-stripped plan (``portable``): BuilderFlag.STRIP_PLAN + REFIT_IDENTICAL, refit from ``onnx_path``.
     strip_weights: bool = False
     device_target: dict[str, Any] | None = None  # the Jetson target the plan was made for (``targets``)
+    profile_layers: bool = False  # ProfilingVerbosity.DETAILED: per-layer names, tactics and ONNX origins in the engine
 
     @property
     def onnx_path(self) -> str:

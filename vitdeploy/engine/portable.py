@@ -54,6 +54,10 @@ def apply(plan: Any, options: Any, caps: Capabilities) -> Any:
         notes.append(f"weight-stripped plan (STRIP_PLAN + REFIT_IDENTICAL): the runtime refits it from {Path(plan.onnx_path).name} "
                      "(sha256 in engine.json) before the first call; ship that graph with the engine")
         plan = replace(plan, strip_weights=True)
+    if getattr(options, "profile_layers", False):
+        plan = replace(plan, profile_layers=True)
+        notes.append("built with ProfilingVerbosity.DETAILED so trtexec --exportLayerInfo names each layer's ONNX nodes, "
+                     "tactic and formats (per-layer profile: `vitdeploy profile BUNDLE --layers`)")
     if plan.version_compatible:
         notes.append("version-compatible plan: runs on later TensorRT "
                      f"{caps.trt_version.major}.x; it embeds the lean runtime (the runtime allows engine host code to load it)")

@@ -306,8 +306,19 @@ def _plan_only(bundle: Bundle, plan: EnginePlan, caps: Capabilities, request: Bu
         lines.append(f"# trtexec equivalent for TensorRT {caps.version}:")
         lines.append(cmd.text())
         lines += [f"# note: {n}" for n in cmd.notes]
+    if plan.profile_layers:
+        lines.append("# then, per layer on the device (vitdeploy profile BUNDLE --layers runs it and maps layers to blocks):")
+        lines.append(_layer_command(plan, caps, engine_path).text())
     # A plan whose graph the target cannot parse is not a valid plan: report it, and say so in the exit code.
     return BuildEngineOutcome(lines, plan, written, exit_code=1 if lint.findings else 0)
+
+
+def _layer_command(plan: EnginePlan, caps: Capabilities, engine_path: Path) -> Any:
+    from .trtexec import TrtexecCommand, layer_profile_command
+
+    shapes = {name: s["opt"] for name, s in plan.input_shapes(plan.profiles[0]).items()}
+    refit = plan.onnx_path if plan.strip_weights else None
+    return TrtexecCommand(layer_profile_command(engine_path, shapes, engine_path.parent.parent.parent / "reports", caps, refit_onnx=refit))
 
 
 def _dla_report(bundle: Bundle, plan: EnginePlan) -> BuildEngineOutcome:
@@ -394,4 +405,9 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
         bundle.save()
     else:
         lines.append("  (bare ONNX input: the engine is not recorded in a manifest)")
+    if plan.profile_layers and bundle.bare_onnx is None:  # the per-layer view: run trtexec here, or say what to run
+        from ..profile.layer_report import LayerRequest, run as run_layers
+
+        layered = run_layers(LayerRequest(bundle.root, engine=target))
+        lines += ["  " + line for line in layered.lines]
     return BuildEngineOutcome(lines, plan, [engine_dir / fingerprint.PLAN_FILE, engine_dir / fingerprint.FINGERPRINT_FILE], record)

@@ -102,6 +102,8 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
     if plan.version_compatible:
         argv.append("--versionCompatible")
     argv += portable.trtexec_flags(plan, caps)
+    if plan.profile_layers:
+        argv.append("--profilingVerbosity=detailed")
     if plan.dla_core is not None:
         argv.append(f"--useDLACore={plan.dla_core}")
         if plan.gpu_fallback:
@@ -122,3 +124,25 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
         notes.append(f"weight-stripped: refit on the device with `{refit}`" if refit else
                      f"weight-stripped: trtexec {caps.version} has no --refitFromOnnx (10.14+); vitdeploy's runtime refits it")
     return TrtexecCommand(argv, notes)
+
+
+def layer_profile_command(engine_path: str | Path, shapes: dict[str, tuple[int, ...]], out_dir: str | Path, caps: Capabilities,
+                          refit_onnx: str | Path | None = None, warmup_ms: int = 500, duration_s: int = 10) -> list[str]:
+    """trtexec per-layer profile of a built engine: --exportProfile (per-layer times) and --exportLayerInfo
+    (per-layer ONNX origins; detailed only when the engine was built with ProfilingVerbosity.DETAILED, i.e.
+    ``build-engine --profile-layers``). 10.x times on the device without host copies, spinning, through a CUDA
+    graph and in a separate profiling run; 11.x does all of that by default and deprecates the flags
+    (sampleOptions.cpp, release/11.0 and release/11.1)."""
+    out = Path(out_dir)
+    argv = ["trtexec", f"--loadEngine={engine_path}",
+            "--shapes=" + ",".join(f"{name}:{_dims(shape)}" for name, shape in shapes.items()),
+            f"--warmUp={warmup_ms}", f"--duration={duration_s}", "--dumpProfile",
+            f"--exportProfile={out / 'layer-profile.json'}", f"--exportLayerInfo={out / 'layer-info.json'}",
+            "--profilingVerbosity=detailed"]
+    if not caps.trtexec_timing_defaults:
+        argv += ["--separateProfileRun", "--noDataTransfers", "--useSpinWait", "--useCudaGraph"]
+    if refit_onnx is not None:
+        if not caps.trtexec_refit_from_onnx:
+            raise ValueError(f"trtexec {caps.version} cannot refit a weight-stripped engine (--refitFromOnnx is 10.14+)")
+        argv.append(f"--refitFromOnnx={refit_onnx}")
+    return argv
