@@ -7,7 +7,8 @@ device strings below are quoted from public records of real devices:
   (comments quoting R35.3.1 and R32.7.1 boards); two third-party device logs found through the search
   index (ids 8818311156 and 58103012036; the index does not name their repositories): an Orin NX on
   R36.4.4 (nvidia-jetpack 6.2.1) and an AGX Orin on R39.2.0 (nvcc 13.2).
-* ``/proc/device-tree/model`` strings: the same device logs and id 68579880183 (an Orin Nano Super).
+* ``/proc/device-tree/model`` strings: the same device logs and id 68579880183 (an Orin Nano Super on
+  R39.2.1 with nvidia-jetpack 7.2.1-b49, tensorrt 10.16.2.10, nvcc 13.2, Python 3.12.3).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from vitdeploy.errors import ConfigError, UserError
 R35 = "# R35 (release), REVISION: 3.1, GCID: 32790763, BOARD: t186ref, EABI: aarch64, DATE: Wed Mar 15 07:54:12 UTC 2023"
 R36_44 = "# R36 (release), REVISION: 4.4, GCID: 41062509, BOARD: generic, EABI: aarch64, DATE: Mon Jun 16 16:07:13 UTC 2025"
 R39 = "# R39 (release), REVISION: 2.0, GCID: 45755727, BOARD: generic, EABI: aarch64, DATE: Mon Jun  1 09:28:48 PM UTC 2026"
+R39_21 = "# R39 (release), REVISION: 2.1, GCID: 46758480, BOARD: generic, EABI: aarch64, DATE: Fri Aug  7 05:54:22 AM UTC 2026"
 AGX_ORIN = "NVIDIA Jetson AGX Orin Developer Kit"
 ORIN_NX = "NVIDIA Jetson Orin NX Engineering Reference Developer Kit"
 ORIN_NANO_SUPER = "NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super"
@@ -59,7 +61,7 @@ def test_matrix_is_consistent_data():
 
 @pytest.mark.parametrize("l4t, jp", [("35.2.1", "5.1"), ("35.4.1", "5.1.2"), ("36.4.0", "6.1"), ("36.4", "6.1"),
                                      ("36.4.3", "6.2"), ("38.2.1", "7.0"), ("38.4.0", "7.1"), ("39.2.0", "7.2"),
-                                     ("35.1", "5.0.2"), ("36.5.0", "6.x"), ("35.6.1", "5.x"), ("99.1", None)])
+                                     ("39.2.1", "7.2.1"), ("35.1", "5.0.2"), ("36.5.0", "6.x"), ("35.6.1", "5.x"), ("99.1", None)])
 def test_l4t_to_jetpack_is_exact(l4t, jp):
     # exact releases only: a prefix match would call 35.6.1 JetPack 5.1.4 and 36.5.0 JetPack 6.2
     assert fingerprint.jetpack_for_l4t(l4t) == jp
@@ -69,6 +71,11 @@ def test_tegra_release_lines_from_real_boards():
     assert fingerprint.parse_tegra_release(R35) == {"l4t": "35.3.1", "jetpack": "5.1.1"}
     assert fingerprint.parse_tegra_release(R36_44) == {"l4t": "36.4.4", "jetpack": "6.2.1"}
     assert fingerprint.parse_tegra_release(R39) == {"l4t": "39.2.0", "jetpack": "7.2"}
+    assert fingerprint.parse_tegra_release(R39_21) == {"l4t": "39.2.1", "jetpack": "7.2.1"}
+    # what that Orin Nano Super had installed is what the 7.2.1 row says
+    jp721 = jetpack.RELEASE_BY_KEY["7.2.1"]
+    assert (jp721.cuda, jp721.tensorrt, jp721.python, jp721.unconfirmed) == ("13.2", "10.16.2", "3.12", ())
+    assert "orin-nano" in jp721.modules
     assert [jetpack.module_from_model(m).key for m in (AGX_ORIN, ORIN_NX, ORIN_NANO_SUPER)] == ["agx-orin", "orin-nx-16gb", "orin-nano"]
     assert jetpack.module_from_model("NVIDIA H200") is None
 
@@ -111,7 +118,8 @@ def test_dla_notes_where_sources_leave_it_open():
 # The acceptance rows: each plans its TensorRT, the lowering that version needs, and no DLA where none.
 ROWS = [("jp5.1-agx-orin", "8.5.2", "model.fp16.trt8.5.onnx", "8.5"), ("jp6.0-orin-nano", "8.6.2", None, "8.6"),
         ("jp6.2-orin-nano", "10.3.0", None, "10.3"), ("jp7.1-agx-thor", "10.13.3", None, "10.13"),
-        ("jp7.2-orin-nano", "10.16.1", None, "10.16"), ("jp7.2.2-agx-orin", "11.4.1", None, "11.4")]
+        ("jp7.2-orin-nano", "10.16.1", None, "10.16"), ("jp7.2.1-orin-nano", "10.16.2", None, "10.16"),
+        ("jp7.2.2-agx-orin", "11.4.1", None, "11.4")]
 
 
 @pytest.mark.parametrize("name, trt, parsed, rules", ROWS)

@@ -152,11 +152,21 @@ print("[07/07/2026-02:11:40] [I] Selected Device: Stand-in GPU")
 '''
 
 
-def test_profile_layers_runs_trtexec_maps_and_writes_reports(digits_bundle, copy_bundle, tmp_path):
+def test_profile_layers_runs_trtexec_maps_and_writes_reports(digits_bundle, copy_bundle, tmp_path, monkeypatch):
     """The orchestration with a stand-in trtexec (no GPU here): the command it is given, the exports moved into
-    reports/ only when complete, the map to modules and the device state in the report."""
+    reports/ only when complete, the map to modules and the device state in the report. Stand-in nvpmodel and
+    jetson_clocks print what an Orin NX on L4T 36.4.4 printed (tests/test_profile_tegrastats.py, index id 8818311156)."""
     import onnx
+    from test_profile_tegrastats import ORIN_NX_R3644_CLOCKS, ORIN_NX_R3644_NVPMODEL
     from vitdeploy.bundle import Bundle
+
+    tools = tmp_path / "jetson-tools"
+    tools.mkdir()
+    for tool, text in (("nvpmodel", ORIN_NX_R3644_NVPMODEL), ("jetson_clocks", ORIN_NX_R3644_CLOCKS)):
+        (tools / f"{tool}.txt").write_text(text)
+        (tools / tool).write_text(f"#!/bin/sh\ncat '{tools / tool}.txt'\n")
+        (tools / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
 
     root = copy_bundle(digits_bundle)
     bundle = Bundle.open(root)
@@ -173,6 +183,10 @@ def test_profile_layers_runs_trtexec_maps_and_writes_reports(digits_bundle, copy
     assert report["cost_model"]["batch"] == 8 and report["cost_model"]["height"] == 32  # the engine's opt shape
     assert "--shapes=images:8x32x32x3" in report["trtexec_command"] and "--separateProfileRun" in report["trtexec_command"]
     assert report["device_state"]["trtexec"]["Selected Device"] == "Stand-in GPU"
+    jet = report["device_state"]["jetson"]
+    assert jet["nvpmodel"] == {"name": "MAXN_SUPER", "id": 2} and jet["jetson_clocks"]["locked"] is False
+    assert jet["jetson_clocks"]["active_gpu_tpcs"] == 2 and jet["jetson_clocks"]["clocks"]["GPU"]["max"] == 624750000
+    assert "device: nvpmodel MAXN_SUPER, clocks not locked" in res.output
     groups = [r["group"] for r in report["rows"]]
     assert groups[0] == "patch_embed" and "blocks.0.attn" in groups and groups.index("blocks.0.attn") < groups.index("blocks.0.mlp")
     assert all(r["gflops"] > 0 for r in report["rows"] if r["group"].endswith((".attn", ".mlp")))

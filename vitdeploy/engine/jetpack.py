@@ -44,6 +44,9 @@ SOURCES: Dict[str, str] = {
     "orin-nx-r3644-log": "a public repository's system report (third party, search index id 8818311156, repository not "
                          "named by the index): '# R36 (release), REVISION: 4.4', nvidia-jetpack 6.2.1+b38, Orin NX, "
                          "'NV Power Mode: MAXN_SUPER'",
+    "orin-nano-r3921-log": "a public repository's environment report (third party, search index id 68579880183, repository "
+                           "not named by the index): Jetson Orin Nano Developer Kit Super, '# R39 (release), REVISION: 2.1', "
+                           "nvidia-jetpack 7.2.1-b49, nvcc 13.2, tensorrt 10.16.2.10-1+cuda13.2, Ubuntu 24.04, Python 3.12.3",
     "nv-cuda13-thor": "https://developer.nvidia.com/blog/whats-new-in-cuda-toolkit-13-0-for-jetson-thor-unified-arm-ecosystem-and-more "
                       "(CUDA 13.0 unified Arm toolkit for Jetson Thor; Orin (sm_87) stays on its current path)",
     "nv-sm110": "https://docs.nvidia.com/cuda/curanddx/release_notes.html (0.2.1: 'Thor SM renaming from sm_101 to sm_110 "
@@ -163,6 +166,10 @@ RELEASES: Tuple[Release, ...] = (
                    "JetPack 7.2 page (10.16 is the TensorRT whose default CUDA is 13.2)",
                    "DLA with this TensorRT is not stated by a stored source; NVIDIA's TensorRT 11.4.1 DLA page says "
                    "'TensorRT 10.7 was the last 10.x release that supported DLA'")),
+    Release("7.2.1", ("39.2.1",), "13.2", "10.16.2", "24.04", "3.12", _ORIN + ("agx-thor", "t4000"), None,
+            ("orin-nano-r3921-log", "nv-jp7", "nv-trt1141-dla"),
+            notes=("CUDA, TensorRT, Ubuntu and Python as recorded on an Orin Nano Super; the module list is 7.2's",
+                   "DLA with TensorRT 10.16 is not stated by a stored source (see 7.2)")),
     Release("7.2.2", ("39.2.2",), "13.2", "11.4.1", "24.04", "3.12", ("agx-orin", "agx-thor"), True,
             ("nv-trt1141-jetson", "nv-trt1141-dla"), unconfirmed=("l4t", "cuda", "python"), dla_modules=("agx-orin",),
             tensorrt_package="TensorRT 11.4.1 SBSA build (installed on JetPack 7.2.2+)",

@@ -243,9 +243,9 @@ def render(report: Dict[str, Any]) -> List[str]:
     state = report["device_state"]
     jet = state.get("jetson") or {}
     if jet:
-        mode = (jet.get("nvpmodel") or {}).get("name")
-        clocks = jet.get("jetson_clocks")
-        lines.append(f"  device: nvpmodel {mode or '?'}, jetson_clocks {'locked' if clocks and clocks.get('locked') else 'not locked or unknown'}")
+        from .tegrastats import describe_power_state
+
+        lines.append(f"  device: {describe_power_state(jet)}")
     if state.get("trtexec", {}).get("Selected Device"):
         lines.append(f"  device (trtexec): {state['trtexec']['Selected Device']}, compute capability {state['trtexec'].get('Compute Capability', '?')}")
     if report.get("trtexec_command"):
