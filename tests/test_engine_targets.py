@@ -106,6 +106,20 @@ def test_dla_refused_where_the_module_has_none(name, message):
         targets.check_dla(targets.resolve(name), 0)
 
 
+def test_hardware_compatible_refused_for_jetson_targets(mini_bundle):
+    # NVIDIA's developer guide: hardware compatibility is not supported on JetPack (jetpack.SOURCES, read as quoted)
+    options = PlanOptions(precision="fp16", target="jp6.2-agx-orin", hardware_compatibility="ampere+")
+    with pytest.raises(ConfigError, match="not support hardware-compatible engines on JetPack"):
+        run(BuildEngineRequest(mini_bundle.root, options, dry_run=True))
+    targets.check_portability(targets.resolve("jp7.1-agx-thor"), "none")  # the default is fine
+    # version-compatible and weight-stripped engines stay allowed on a Jetson target
+    outcome = run(BuildEngineRequest(mini_bundle.root, PlanOptions(precision="fp16", target="jp7.1-agx-thor", version_compatible=True,
+                                                                    strip_weights=True), dry_run=True))
+    assert outcome.exit_code == 0 and outcome.plan.version_compatible and outcome.plan.strip_weights
+    res = CliRunner().invoke(main, ["targets", "--jetpack", "6.2", "--sources"])
+    assert "[nv-trt86-hwcompat]" in res.output
+
+
 def test_dla_notes_where_sources_leave_it_open():
     assert targets.check_dla(targets.resolve("jp6.2-agx-orin"), 1) == []
     with pytest.raises(ConfigError, match="0..1"):

@@ -76,6 +76,7 @@ def command(jetpack_filter, module_filter, show_sources, check, as_json):
     click.echo("? = not confirmed by a stored source (see --sources); nothing here was run on a Jetson")
     if show_sources:
         shown = sorted({k for t in rows for k in t.release.sources + (t.module.sources if t.module else ())})
+        shown += [k for k in jetpack.GENERAL_SOURCES if k not in shown]
         click.echo("")
         for t in rows:
             notes = list(t.release.notes) + (list(t.module.notes) if t.module else [])

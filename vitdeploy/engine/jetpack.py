@@ -63,6 +63,10 @@ SOURCES: Dict[str, str] = {
                         "version updated to CUDA 13.2'",
     "nv-dla-sw": "https://github.com/NVIDIA/Deep-Learning-Accelerator-SW (README: Orin SoCs feature up to two "
                  "second-generation DLAs, Xavier SoCs up to two first-generation; '2x DLA' on Jetson AGX Orin 64GB)",
+    "nv-trt86-hwcompat": "NVIDIA TensorRT 8.6 Developer Guide, 'Hardware Compatibility': 'hardware compatibility is only "
+                         "supported for Ampere and later device architectures and is not supported on NVIDIA DRIVE OS or "
+                         "JetPack' (the NVIDIA page is not stored; read as quoted by third parties, e.g. "
+                         "https://blog.csdn.net/ycx_ccc/article/details/135821294)",
     "jtop-cuda-table": "rbonghi/jetson_stats jtop/core/jetson_variables.py (third party: CUDA_TABLE tegra194 = 7.2, "
                        "tegra23x (Orin) = 8.7)",
 }
@@ -176,6 +180,8 @@ RELEASES: Tuple[Release, ...] = (
             notes=("the JetPack 7.2.2 Jetson Linux release number is not in a stored source",)),
 )
 RELEASE_BY_KEY: Dict[str, Release] = {r.jetpack: r for r in RELEASES}
+# Sources of facts about every Jetson target rather than one row (what `targets --sources` also prints).
+GENERAL_SOURCES: Tuple[str, ...] = ("nv-trt86-hwcompat",)
 
 # Releases vitdeploy has no row for but can still name (the fingerprint's L4T -> JetPack lookup).
 _OTHER_L4T = {"35.1.0": "5.0.2", "36.2.0": "6.0 DP"}  # nv JetPack 5.0.2 page (35.1); dusty-l4t (36.2.0 = 6.0 DP)

@@ -115,6 +115,8 @@ def run(request: BuildEngineRequest, log: Any = None) -> BuildEngineOutcome:
     options = request.options
     target = targets.resolve(options.target) if targets.is_target_name(options.target) else None
     target_notes = targets.check_dla(target, options.dla_core) if target is not None else []
+    if target is not None:
+        targets.check_portability(target, options.hardware_compatibility)
     if target is not None and request.dla_report and target.module is not None and not target.dla_cores:
         raise ConfigError(f"{target.module.name} on JetPack {target.release.jetpack} has no usable DLA: every layer runs on the GPU; "
                           "--dla-report is for targets with DLA (see `vitdeploy targets`)")

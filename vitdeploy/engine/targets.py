@@ -118,6 +118,15 @@ def check_dla(target: Target, dla_core: Optional[int]) -> List[str]:
     return notes
 
 
+def check_portability(target: Target, hardware_compatibility: Optional[str]) -> None:
+    """Refuse what NVIDIA documents as unavailable on JetPack: hardware-compatible engines (jetpack.SOURCES
+    "nv-trt86-hwcompat"). Version-compatible and weight-stripped engines stay allowed."""
+    if hardware_compatibility and hardware_compatibility != "none":
+        raise ConfigError(f"--hardware-compatible {hardware_compatibility} is for discrete GPUs: TensorRT does not support "
+                          f"hardware-compatible engines on JetPack (target {target.name}); drop it and build on each "
+                          "Jetson model (`vitdeploy targets --sources` says where this was read)")
+
+
 # -- the on-device install check ----------------------------------------------------------------------
 DEVICE_MODEL = Path("/proc/device-tree/model")
 
