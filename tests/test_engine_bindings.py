@@ -142,3 +142,7 @@ def test_engines_that_travel_use_only_real_names(probed):
         assert "config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)" in plans["strip-weights"]["config"]
         assert probed["refit_api_missing"] == []
     assert probed["version_compat_runtime_api_missing"] == [] and probed["engine_host_code_is_property"] is True
+    # --profile-layers: detailed profiling verbosity is a real enum value and a property of the config in every version
+    layers = plans["profile-layers"]
+    assert "config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED" in layers["config"]
+    assert layers["missing"] == [] and layers["wrong_kind"] == []

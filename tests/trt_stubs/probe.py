@@ -55,6 +55,7 @@ MATRIX = {
     "legacy-int8": (static_bundle, PlanOptions(precision="int8", legacy_precision=True, calib_cache=str(work / "calib.cache"))),
     "strip-weights": (static_bundle, PlanOptions(precision="fp16", strip_weights=True, version_compatible=True)),
     "strip-weights-int8": (static_bundle, PlanOptions(precision="int8", strip_weights=True, hardware_compatibility="ampere+")),
+    "profile-layers": (static_bundle, PlanOptions(precision="fp16", profile_layers=True)),
 }
 plans: dict = {}
 for label, (bundle_dir, options) in MATRIX.items():
