@@ -64,6 +64,11 @@ def test_attention_graph_is_refused_before_1014_and_flagged_after():
     r1016 = lint_model(model, rules_for("10.16"))
     assert r1016.findings == [] and "NVIDIA/TensorRT#4739" in r1016.notes[0]
     assert "#4705" in " ".join(r1016.lines())
+    # a version without its own stored parser source says which facts it stands on
+    r105 = lint_model(model, rules_for("10.5"))
+    assert {f.rule for f in r105.findings} >= {"no importer for Attention"} and r105.notes == [
+        "no parser source stored for 10.5: facts of 10.1 and the changelog entries up to it"]
+    assert lint_model(model, rules_for("10.13")).notes == []  # 10.13's parser commit is stored
 
 
 # -- small graphs ------------------------------------------------------------------------------------

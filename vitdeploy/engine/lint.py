@@ -239,6 +239,7 @@ def lint_model(model: Any, rules: ParserRules, graph_name: str = "graph") -> Lin
             f"graph input {name} reaches operand {operand} of this {node.op_type}, which TensorRT reads as a shape: {name} would "
             "become a shape tensor (profiled by value with set_shape_input), not the per-image data vitdeploy's profiles shape")
     report = LintReport(graph_name, rules, opset, len(model.graph.node), findings)
+    report.notes.extend(rules.notes if rules.inferred else ())  # which parser source these facts stand on
     attention = sum(1 for n in model.graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx"))
     if attention and rules.attention:
         report.notes.append(
