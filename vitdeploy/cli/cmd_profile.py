@@ -11,7 +11,7 @@ from ..remote.cli import on_device
 
 
 @command("profile")
-@on_device(outputs=("out_dir",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
+@on_device(inputs=("layer_profile", "layer_info", "trtexec_log"), outputs=("out_dir",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
 @click.argument("bundle")
 @click.option("--resolutions", default=None, help="Comma-separated N or HxW (default: the bundle's native size).")
 @click.option("--fill", "fills", default=None, metavar="F1,F2",
