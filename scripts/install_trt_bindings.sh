@@ -16,10 +16,11 @@ DEST=${1:?usage: $0 DEST}
 PY=${PYTHON:-python3}
 
 # name version - the bindings wheel of TensorRT 8.6 (JetPack 6.0), 10.3 (JetPack 6.1/6.2),
-# 10.16 (latest 10.x) and 11.4 (strongly typed only)
+# 10.13 (JetPack 7.0/7.1), 10.16 (JetPack 7.2, latest 10.x) and 11.4 (strongly typed only; JetPack 7.2.2+)
 WHEELS=(
   "tensorrt-bindings 8.6.1"
   "tensorrt-cu12-bindings 10.3.0"
+  "tensorrt-cu12-bindings 10.13.3.9"
   "tensorrt-cu12-bindings 10.16.1.11"
   "tensorrt-cu12-bindings 11.4.0.106"
 )

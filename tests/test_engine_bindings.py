@@ -1,4 +1,4 @@
-"""vitdeploy's TensorRT code against the REAL Python bindings of TensorRT 8.6.1, 10.3, 10.16 and 11.4.
+"""vitdeploy's TensorRT code against the REAL Python bindings of TensorRT 8.6.1, 10.3, 10.13, 10.16 and 11.4.
 
 No TensorRT runtime or GPU here: each version's bindings wheel is installed alone
 (scripts/install_trt_bindings.sh, run by `make setup` into .venv/trt-bindings) and imported in its
@@ -123,3 +123,26 @@ def test_dry_run_uses_the_installed_version(probed):
     assert ("--stronglyTyped" in dry["output"]) is (major == 10)
     assert ("--fp16" in dry["output"]) is (major < 10)
     assert probed["cli_legacy"]["exit_code"] == (1 if major >= 11 else 0)
+
+
+def test_engines_that_travel_use_only_real_names(probed):
+    """--strip-weights (STRIP_PLAN + REFIT_IDENTICAL) and the refit path exist from 10.0; 8.6 refuses them
+    in one line; a version-compatible plan's lean-runtime switch is a real property from 8.6."""
+    major = _major(probed)
+    plans = probed["plans"]
+    if major < 10:
+        assert "needs TensorRT >= 10.0" in plans["strip-weights"]["refused"]
+        assert set(probed["refit_api_missing"]) == {"OnnxParserRefitter", "OnnxParserRefitter.refit_from_file",
+                                                    "OnnxParserRefitter.num_errors", "OnnxParserRefitter.get_error"}
+    else:
+        for label in ("strip-weights", "strip-weights-int8"):
+            config = plans[label]["config"]
+            assert "config.set_flag(trt.BuilderFlag.STRIP_PLAN)" in config and "config.set_flag(trt.BuilderFlag.REFIT_IDENTICAL)" in config
+            assert plans[label]["missing"] == [] and plans[label]["wrong_kind"] == []
+        assert "config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)" in plans["strip-weights"]["config"]
+        assert probed["refit_api_missing"] == []
+    assert probed["version_compat_runtime_api_missing"] == [] and probed["engine_host_code_is_property"] is True
+    # --profile-layers: detailed profiling verbosity is a real enum value and a property of the config in every version
+    layers = plans["profile-layers"]
+    assert "config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED" in layers["config"]
+    assert layers["missing"] == [] and layers["wrong_kind"] == []

@@ -115,3 +115,25 @@ def test_variable_size_engine_runs_both_inputs_like_onnxruntime(tmp_path, export
     res = CliRunner().invoke(main, ["profile", str(bundle.root), "--backend", "tensorrt", "--fill", "1.0,0.5", "--batch", "4",
                                     "--iterations", "10", "--no-plot", "-o", str(out)])
     assert res.exit_code == 0, res.output
+
+
+def test_weight_stripped_engine_is_small_and_refits_to_the_same_outputs(tmp_path):
+    """--strip-weights: STRIP_PLAN + REFIT_IDENTICAL, refit from the bundle's graph before the first call."""
+    import tensorrt as trt
+
+    from vitdeploy.runtime.ort import OrtRunner
+    from vitdeploy.runtime.tensorrt import TensorRTRunner
+
+    if int(trt.__version__.split(".")[0]) < 10:
+        pytest.skip("weight-stripped plans need TensorRT 10+")
+    bundle = write_bundle(tmp_path / "b", precisions=("fp32",))
+    runner = CliRunner()
+    for target, extra in (("full", []), ("stripped", ["--strip-weights"])):
+        res = runner.invoke(main, ["build-engine", str(bundle.root), "--precision", "fp32", "--batch", "1:2:4", "--target", target, *extra])
+        assert res.exit_code == 0, res.output
+    full, stripped = (json.loads((bundle.root / "engines" / t / "engine.json").read_text()) for t in ("full", "stripped"))
+    assert stripped["strip_weights"] and stripped["refit"]["file"] == "model.onnx" and stripped["plan_bytes"] < full["plan_bytes"]
+    batch = _images(3, 32, 32)
+    with TensorRTRunner(bundle.root / "engines" / "stripped") as trt_runner, OrtRunner(bundle.artifact_path("fp32")) as ort_runner:
+        assert trt_runner.info.details["refitted_from"] == "model.onnx"
+        np.testing.assert_allclose(trt_runner.infer(batch)["logits"], ort_runner.infer(batch)["logits"], atol=2e-3, rtol=0)

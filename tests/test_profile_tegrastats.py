@@ -11,6 +11,14 @@ Sources (quoted verbatim):
   AGX Xavier: https://github.com/rbonghi/jetson_stats/blob/master/tests/tegrastats
 * hordiales/jetson-tx1-dev, lines from a Jetson TX1 (L4T 28.1, old format) and its
   `jetson_clocks.sh --show`: https://github.com/hordiales/jetson-tx1-dev/blob/master/SCRIPTS.md
+* Three Orin device records found through the search index (third party; the index gives their ids,
+  not their repositories), quoted as recorded:
+  - id 8818311156: Orin NX, L4T R36.4.4 (nvidia-jetpack 6.2.1), `nvpmodel -q` and `jetson_clocks --show`
+    with the clocks scaling (the L4T 36 format: "cpuN:  Online=1 Governor=...", "Active GPU TPCs");
+  - id 58103012036: AGX Orin, L4T R39.2.0, after jetson_clocks: every clock pinned, DLA/PVA lines;
+    its logger wrote `nvpmodel -q` on one line ("NV Power Mode: MAXN 0");
+  - id 68579880183: Orin Nano Super, L4T R39.2.1 (nvidia-jetpack 7.2.1): `nvpmodel -q`, `jetson_clocks
+    --show` and tegrastats lines whose rails print current/average/max and temperatures current/max.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import pytest
 
 from vitdeploy.profile.tegrastats import (
+    describe_power_state,
     jetson_power_state,
     parse_jetson_clocks_show,
     parse_nvpmodel_query,
@@ -60,6 +69,66 @@ GPU MinFreq=998400000 MaxFreq=998400000 CurrentFreq=998400000
 EMC MinFreq=12750000 MaxFreq=1600000000 CurrentFreq=1600000000 FreqOverride=1
 Fan: speed=255
 """
+
+# -- Orin records (search index ids above) -----------------------------------------------------------
+ORIN_NX_R3644_NVPMODEL = "NV Power Mode: MAXN_SUPER\n2\n"
+ORIN_NX_R3644_CLOCKS = """SOC family:tegra234  Machine:NVIDIA Jetson Orin NX Engineering Reference Developer Kit
+Online CPUs: 0-5
+cpu0:  Online=1 Governor=schedutil MinFreq=729600 MaxFreq=1510400 CurrentFreq=1510400 IdleStates: WFI=1 c7=1 
+cpu1:  Online=1 Governor=schedutil MinFreq=729600 MaxFreq=1510400 CurrentFreq=1497600 IdleStates: WFI=1 c7=1 
+cpu2:  Online=1 Governor=schedutil MinFreq=729600 MaxFreq=1510400 CurrentFreq=1190400 IdleStates: WFI=1 c7=1 
+cpu3:  Online=1 Governor=schedutil MinFreq=729600 MaxFreq=1510400 CurrentFreq=1113600 IdleStates: WFI=1 c7=1 
+cpu4:  Online=1 Governor=schedutil MinFreq=729600 MaxFreq=1510400 CurrentFreq=729600 IdleStates: WFI=1 c7=1 
+cpu5:  Online=1 Governor=schedutil MinFreq=729600 MaxFreq=1510400 CurrentFreq=883200 IdleStates: WFI=1 c7=1 
+GPU MinFreq=306000000 MaxFreq=624750000 CurrentFreq=306000000
+Active GPU TPCs: 2
+EMC MinFreq=204000000 MaxFreq=2133000000 CurrentFreq=2133000000 FreqOverride=0
+FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1=65
+NV Power Mode: MAXN_SUPER
+"""
+AGX_ORIN_R392_NVPMODEL = "NV Power Mode: MAXN 0 "
+AGX_ORIN_R392_CLOCKS = "\n".join(
+    ["SOC family:tegra234  Machine:NVIDIA Jetson AGX Orin Developer Kit", "Online CPUs: 0-11, Offline CPUs: "]
+    + [f"cpu{i}:{' ' if i > 9 else '  '}Governor=schedutil MinFreq=2201600 MaxFreq=2201600 CurrentFreq=2201600 "
+       "IdleStates: WFI=0 c7=0 " for i in range(12)]
+    + ["GPU MinFreq=1300500000 MaxFreq=1300500000 CurrentFreq=1300500000",
+       "Active GPU TPCs: 8",
+       "EMC MinFreq=3199000000 MaxFreq=3199000000 CurrentFreq=3199000000",
+       "DLA0_CORE:   Online=1 MinFreq=0 MaxFreq=1600000000 CurrentFreq=1600000000",
+       "DLA0_FALCON: Online=1 MinFreq=0 MaxFreq=844800000 CurrentFreq=844800000",
+       "DLA1_CORE:   Online=1 MinFreq=0 MaxFreq=1600000000 CurrentFreq=1600000000",
+       "DLA1_FALCON: Online=1 MinFreq=0 MaxFreq=844800000 CurrentFreq=844800000",
+       "PVA0_VPS0: Online=1 MinFreq=0 MaxFreq=1369600000 CurrentFreq=1369600000",
+       "PVA0_AXI:  Online=1 MinFreq=0 MaxFreq=985600000 CurrentFreq=985600000",
+       "FAN Dynamic Speed Control=nvfancontrol hwmon2_pwm1=66",
+       "FAN Dynamic Speed Control=nvfancontrol hwmon2_pwm1_enable=1",
+       "NV Power Mode: MAXN", ""])
+ORIN_NANO_R3921_NVPMODEL = "NV Power Mode: 25W\n1\n"
+ORIN_NANO_R3921_CLOCKS = """SOC family:tegra234  Machine:NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super
+Online CPUs: 0-5, Offline CPUs: 
+cpu0:  Governor=schedutil MinFreq=729600 MaxFreq=1344000 CurrentFreq=960000 IdleStates: WFI=1 c7=1 
+cpu1:  Governor=schedutil MinFreq=729600 MaxFreq=1344000 CurrentFreq=960000 IdleStates: WFI=1 c7=1 
+cpu2:  Governor=schedutil MinFreq=729600 MaxFreq=1344000 CurrentFreq=1344000 IdleStates: WFI=1 c7=1 
+cpu3:  Governor=schedutil MinFreq=729600 MaxFreq=1344000 CurrentFreq=1344000 IdleStates: WFI=1 c7=1 
+cpu4:  Governor=schedutil MinFreq=729600 MaxFreq=1344000 CurrentFreq=1344000 IdleStates: WFI=1 c7=1 
+cpu5:  Governor=schedutil MinFreq=729600 MaxFreq=1344000 CurrentFreq=1267200 IdleStates: WFI=1 c7=1 
+GPU MinFreq=306000000 MaxFreq=918000000 CurrentFreq=306000000
+Active GPU TPCs: 4
+EMC MinFreq=204000000 MaxFreq=3199000000 CurrentFreq=665600000
+FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1=60
+FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1_enable=1
+NV Power Mode: 25W
+"""
+ORIN_NANO_R3921_TEGRASTATS = [
+    "09-19-2026 13:33:02 RAM 2850/7486MB (lfb 33x4MB) CPU [2%@729,0%@729,0%@729,0%@729,1%@729,0%@729] EMC_FREQ 5%@665 "
+    "GR3D_FREQ 0%@[305] NVDEC0 off NVJPG0 off NVJPG1 off VIC off OFA off APE 200 cpu@45.812C/45.812C soc2@44.843C/44.843C "
+    "soc0@46.093C/46.093C gpu@46.843C/46.843C tj@46.843C/46.843C soc1@46.281C/46.281C VDD_IN 3582mW/3582mW/3582mW "
+    "VDD_CPU_GPU_CV 523mW/523mW/523mW VDD_SOC 1127mW/1127mW/1127mW",
+    "09-19-2026 13:33:03 RAM 2845/7486MB (lfb 33x4MB) CPU [1%@729,0%@729,0%@729,0%@729,0%@729,0%@729] EMC_FREQ 3%@665 "
+    "GR3D_FREQ 0%@[305] NVDEC0 off NVJPG0 off NVJPG1 off VIC off OFA off APE 200 cpu@45.375C/45.812C soc2@44.687C/44.843C "
+    "soc0@46.25C/46.25C gpu@46.562C/46.843C tj@46.562C/46.843C soc1@46.281C/46.281C VDD_IN 3462mW/3522mW/3582mW "
+    "VDD_CPU_GPU_CV 442mW/483mW/523mW VDD_SOC 1127mW/1127mW/1127mW",
+]
 
 
 def test_nvidia_documented_fields():
@@ -121,8 +190,10 @@ def test_old_tx1_format_and_summary():
 def test_jetson_clocks_show_tx1_is_locked():
     state = parse_jetson_clocks_show(TX1_CLOCKS)
     assert state["locked"] is True  # every CPU and the GPU at min == max
-    assert state["clocks"]["cpu0"] == {"min": 1734000, "max": 1734000, "current": 1734000}
+    assert state["clocks"]["cpu0"] == {"min": 1734000, "max": 1734000, "current": 1734000, "governor": "interactive"}
     assert state["clocks"]["EMC"]["max"] == 1600000000
+    assert state["emc_pinned"] is True  # not min == max on the TX1: FreqOverride=1 pins it
+    assert (state["active_gpu_tpcs"], state["power_mode"]) == (None, None)
     unlocked = TX1_CLOCKS.replace("GPU MinFreq=998400000", "GPU MinFreq=76800000")
     assert parse_jetson_clocks_show(unlocked)["locked"] is False
     assert parse_jetson_clocks_show("jetson_clocks: permission denied") is None
@@ -141,3 +212,49 @@ def test_no_jetson_tools_here_means_no_state():
     if any(shutil.which(t) for t in ("tegrastats", "nvpmodel", "jetson_clocks")):
         pytest.skip("this machine has Jetson tools")
     assert jetson_power_state() is None
+
+
+def test_orin_nx_l4t36_clocks_scaling():
+    state = parse_jetson_clocks_show(ORIN_NX_R3644_CLOCKS)
+    assert state["locked"] is False and state["unpinned"] == [f"cpu{i}" for i in range(6)] + ["GPU"]
+    assert state["clocks"]["cpu0"] == {"min": 729600, "max": 1510400, "current": 1510400, "online": True, "governor": "schedutil"}
+    assert state["clocks"]["GPU"] == {"min": 306000000, "max": 624750000, "current": 306000000}
+    # EMC runs at its maximum here, but it is not pinned: min 204 MHz, FreqOverride=0
+    assert state["emc_pinned"] is False and state["clocks"]["EMC"]["freq_override"] is False
+    assert (state["active_gpu_tpcs"], state["online_cpus"], state["power_mode"]) == (2, "0-5", "MAXN_SUPER")
+    assert parse_nvpmodel_query(ORIN_NX_R3644_NVPMODEL) == {"name": "MAXN_SUPER", "id": 2}
+    line = describe_power_state({"nvpmodel": parse_nvpmodel_query(ORIN_NX_R3644_NVPMODEL), "jetson_clocks": state})
+    assert line == "nvpmodel MAXN_SUPER, clocks not locked (cpu0, cpu1, cpu2, cpu3, cpu4, cpu5, GPU still scale), " \
+                   "EMC not pinned, 2 GPU TPCs active"
+
+
+def test_agx_orin_l4t39_after_jetson_clocks_is_locked():
+    state = parse_jetson_clocks_show(AGX_ORIN_R392_CLOCKS)
+    assert state["locked"] is True and state["unpinned"] == [] and state["emc_pinned"] is True
+    assert len([n for n in state["clocks"] if n.startswith("cpu")]) == 12  # "cpu10: Governor" has one space
+    assert state["clocks"]["DLA0_CORE"] == {"min": 0, "max": 1600000000, "current": 1600000000, "online": True}
+    assert {"DLA1_CORE", "DLA1_FALCON", "PVA0_VPS0", "PVA0_AXI"} <= set(state["clocks"])
+    assert (state["active_gpu_tpcs"], state["online_cpus"], state["power_mode"]) == (8, "0-11", "MAXN")
+    # its logger put the mode and its id on one line
+    assert parse_nvpmodel_query(AGX_ORIN_R392_NVPMODEL) == {"name": "MAXN", "id": 0}
+    line = describe_power_state({"nvpmodel": {"name": "MAXN", "id": 0}, "jetson_clocks": state})
+    assert line == "nvpmodel MAXN, jetson_clocks locked, 8 GPU TPCs active"
+
+
+def test_orin_nano_super_l4t39_power_state_and_tegrastats():
+    state = parse_jetson_clocks_show(ORIN_NANO_R3921_CLOCKS)
+    assert state["locked"] is False and state["emc_pinned"] is False
+    assert (state["active_gpu_tpcs"], state["power_mode"], state["clocks"]["GPU"]["max"]) == (4, "25W", 918000000)
+    assert parse_nvpmodel_query(ORIN_NANO_R3921_NVPMODEL) == {"name": "25W", "id": 1}
+    first, second = (parse_tegrastats_line(line) for line in ORIN_NANO_R3921_TEGRASTATS)
+    assert (first.timestamp, first.ram_used_mb, first.ram_total_mb, first.ram_lfb_blocks) == ("09-19-2026 13:33:02", 2850, 7486, 33)
+    assert first.cpu_load_pct == [2, 0, 0, 0, 1, 0] and first.cpu_freq_mhz == [729] * 6
+    assert (first.emc_load_pct, first.emc_freq_mhz, first.gpu_load_pct, first.gpu_freq_mhz) == (5, 665, 0, [305])
+    # rails print current/average/max (3462/3522/3582: the average of 3582 and 3462); the parser keeps current, average
+    assert second.rails_mw == {"VDD_IN": (3462, 3522), "VDD_CPU_GPU_CV": (442, 483), "VDD_SOC": (1127, 1127)}
+    assert second.input_power_mw == 3462
+    # temperatures print current/max: the current reading is kept
+    assert second.temps_c == {"cpu": 45.375, "soc2": 44.687, "soc0": 46.25, "gpu": 46.562, "tj": 46.562, "soc1": 46.281}
+    assert "NVDEC0" not in second.rails_mw and "APE" not in second.rails_mw
+    summary = summarize_samples([first, second])
+    assert summary["input_power_mw_mean"] == pytest.approx(3522) and summary["ram_used_mb_max"] == 2850

@@ -360,6 +360,13 @@ def test_command_line_rebuilt_for_the_device(monkeypatch: pytest.MonkeyPatch, tm
     assert _invoke("check", "b", "--data", "photos", "--on", "jetson").exit_code == 0
     assert [(p.rel, p.upload, p.download) for p in seen[-1].paths] == [("photos", True, False)]  # a folder of labelled images
 
+    # profile --layers with files trtexec wrote elsewhere: they travel to the device with the command
+    (tmp_path / "prof.json").write_text("[]")
+    (tmp_path / "run.log").write_text("")
+    assert _invoke("profile", "b", "--layers", "--layer-profile", "prof.json", "--trtexec-log", "run.log", "--on", "orin").exit_code == 0
+    assert seen[-1].options == ["--layers", "--layer-profile", "prof.json", "--trtexec-log", "run.log"]
+    assert [(p.rel, p.upload, p.download) for p in seen[-1].paths] == [("prof.json", True, False), ("run.log", True, False)]
+
     missing = _invoke("predict", "b", "nope.png", "--on", "jetson")
     assert missing.exit_code == 1 and "no such file or folder here" in missing.output
 

@@ -17,27 +17,58 @@ from vitdeploy.engine.parser_rules import RULES, rules_for
 
 
 def test_key_facts_per_parser():
-    r85, r86, r101, r1015, r111 = (RULES[k] for k in ("8.5", "8.6", "10.1", "10.15", "11.1"))
-    assert [r.opset_max for r in (r85, r86, r101, r1015, r111)] == [17, 17, 20, 24, 24]
+    r85, r86, r101, r103, r1013, r1014, r1016, r111 = (RULES[k] for k in ("8.5", "8.6", "10.1", "10.3", "10.13", "10.14", "10.16", "11.1"))
+    assert [r.opset_max for r in (r85, r86, r101, r103, r1013, r1014, r1016, r111)] == [17, 17, 20, 20, 23, 24, 24, 24]
     assert [r.opset_min for r in (r85, r101)] == [7, 9]
     # the two ops of today's ViT graphs
     assert [("Gelu" in r.importers, "LayerNormalization" in r.importers) for r in (r85, r86, r101, r111)] == [
         (False, False), (False, True), (True, True), (True, True)]
     assert not r86.expands_functions and r101.expands_functions  # LocalFunctionImporter from 10.x
     assert {"GroupNormalization", "IsInf"} <= r86.importers - r85.importers
-    assert {"Attention", "RotaryEmbedding", "RMSNormalization"} <= r1015.importers - r101.importers
+    # opset-23 Attention: 10.14 (operators.md at c7272770, Changelog 10.14); not at the 10.13 parser commit
+    assert [r.attention for r in (r101, r103, r1013, r1014, r1016, r111)] == [False, False, False, True, True, True]
+    assert {"RotaryEmbedding", "RMSNormalization", "TensorScatter"} <= r1016.importers - r1014.importers
+    assert r1016.importers - r1014.importers == {"RotaryEmbedding", "RMSNormalization", "TensorScatter"}
+    assert r111.importers - r1016.importers == {"Swish"}  # 11.0: Swish
+    assert {"BlackmanWindow", "HammingWindow", "HannWindow", "STFT"} <= r1013.importers - r103.importers
+    assert "DeformConv" in r101.importers and "DeformConv" not in rules_for("10.0").importers
     assert "GridSample" in r85.importers and "bicubic" in r85.gridsample_modes and "cubic" not in r86.gridsample_modes
     assert not r86.reduce_axes_input and r101.reduce_axes_input
     assert r85.qdq_zero_point_required and not r101.qdq_zero_point_required
-    assert r86.slice_axes_constant and not r111.slice_axes_constant
+    # Slice tensor axes from 10.3 (JetPack 6.1/6.2 already read them), Pad tensor axes from 10.4
+    assert r101.slice_axes_constant and not r103.slice_axes_constant and not r111.slice_axes_constant
+    assert r103.pad_axes_constant and not r1013.pad_axes_constant
+    assert not r1013.block_quantization and r1014.block_quantization
     assert all("onnx-tensorrt" in r.source for r in RULES.values())
-    assert [r.needs_lowering for r in (r85, r86, r101, r111)] == [True, True, False, False]
+    assert [r.needs_lowering for r in (r85, r86, r101, r1013, r111)] == [True, True, False, False, False]
+    assert not r1013.inferred and not r1016.inferred and rules_for("10.9").inferred and rules_for("11.4").inferred
+    assert any("346bdcae" in c for c in r1013.changes) and any("7c51a63a" in c for c in r111.changes)
 
 
-@pytest.mark.parametrize("version, key", [("8.5.2", "8.5"), ("8.6.1", "8.6"), ("10.0", "10.1"), ("10.3.0", "10.1"),
-                                          ("10.14", "10.1"), ("10.16.1", "10.15"), ("11.4.0", "11.1")])
-def test_rules_for_version(version, key):
-    assert rules_for(version).key == key
+@pytest.mark.parametrize("version, key, opset", [("8.5.2", "8.5", 17), ("8.6.1", "8.6", 17), ("10.0", "10.0", 20),
+                                                 ("10.3.0", "10.3", 20), ("10.13.3", "10.13", 23), ("10.14", "10.14", 24),
+                                                 ("10.16.1", "10.16", 24), ("11.4.0", "11.4", 24)])
+def test_rules_for_version(version, key, opset):
+    rules = rules_for(version)
+    assert rules.key == key and rules.opset_max == opset
+
+
+def test_attention_graph_is_refused_before_1014_and_flagged_after():
+    q = helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 3, 197, 64])
+    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    node = helper.make_node("Attention", ["q", "q", "q"], ["o"], name="attn")
+    model = _model([node], [q], [out], opset=23)
+    r1013 = lint_model(model, rules_for("10.13"))
+    assert [f.rule for f in r1013.findings] == ["no importer for Attention"]
+    assert "re-export at opset <= 22" in r1013.findings[0].detail and not r1013.findings[0].lowerable
+    r1016 = lint_model(model, rules_for("10.16"))
+    assert r1016.findings == [] and "NVIDIA/TensorRT#4739" in r1016.notes[0]
+    assert "#4705" in " ".join(r1016.lines())
+    # a version without its own stored parser source says which facts it stands on
+    r105 = lint_model(model, rules_for("10.5"))
+    assert {f.rule for f in r105.findings} >= {"no importer for Attention"} and r105.notes == [
+        "no parser source stored for 10.5: facts of 10.1 and the changelog entries up to it"]
+    assert lint_model(model, rules_for("10.13")).notes == []  # 10.13's parser commit is stored
 
 
 # -- small graphs ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "stubs.c"
 # Binding versions the tests load; the install script puts each in <root>/<version>/.
-BINDING_VERSIONS = ("8.6.1", "10.3.0", "10.16.1.11", "11.4.0.106")
+BINDING_VERSIONS = ("8.6.1", "10.3.0", "10.13.3.9", "10.16.1.11", "11.4.0.106")
 _LIBS = {"libnvinfer": "LIB_NVINFER", "libnvinfer_plugin": "LIB_PLUGIN", "libnvonnxparser": "LIB_ONNXPARSER"}
 
 

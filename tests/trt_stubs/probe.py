@@ -25,7 +25,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from vitdeploy.bundle import Bundle  # noqa: E402
 from vitdeploy.cli import main  # noqa: E402
-from vitdeploy.engine import builder, fingerprint, versions  # noqa: E402
+from vitdeploy.engine import builder, fingerprint, portable, versions  # noqa: E402
 from vitdeploy.engine.plan import PlanOptions, make_plan  # noqa: E402
 from vitdeploy.engine.service import recipe_as_data  # noqa: E402
 from vitdeploy.errors import VitDeployError  # noqa: E402
@@ -53,11 +53,14 @@ MATRIX = {
     "dla-no-fallback": (static_bundle, PlanOptions(precision="fp16", dla_core=1, gpu_fallback=False)),
     "legacy-fp16": (static_bundle, PlanOptions(precision="fp16", legacy_precision=True)),
     "legacy-int8": (static_bundle, PlanOptions(precision="int8", legacy_precision=True, calib_cache=str(work / "calib.cache"))),
+    "strip-weights": (static_bundle, PlanOptions(precision="fp16", strip_weights=True, version_compatible=True)),
+    "strip-weights-int8": (static_bundle, PlanOptions(precision="int8", strip_weights=True, hardware_compatibility="ampere+")),
+    "profile-layers": (static_bundle, PlanOptions(precision="fp16", profile_layers=True)),
 }
 plans: dict = {}
 for label, (bundle_dir, options) in MATRIX.items():
     try:
-        plan = make_plan(Bundle.open(bundle_dir), options, caps)
+        plan = portable.apply(make_plan(Bundle.open(bundle_dir), options, caps), options, caps)
         rec = builder.recipe(plan, caps)
     except VitDeployError as exc:
         plans[label] = {"refused": str(exc)}
@@ -91,6 +94,10 @@ for label, (bundle_dir, options) in MATRIX.items():
 out["plans"] = plans
 out["runtime_api_missing"] = [n for n in builder.RUNTIME_API if not versions.has(trt, n)]
 out["used_api_missing"] = [n for n in builder.USED_API if not versions.has(trt, n)]
+# engines that travel: the refit path (10.0+) and the lean-runtime switch of version-compatible plans (8.6+)
+out["refit_api_missing"] = [n for n in portable.REFIT_API if not versions.has(trt, n)]
+out["version_compat_runtime_api_missing"] = [n for n in builder.RUNTIME_VERSION_COMPAT_API if not versions.has(trt, n)]
+out["engine_host_code_is_property"] = isinstance(getattr(trt.Runtime, "engine_host_code_allowed", None), property)
 
 
 # -- the legacy calibrator: a real subclass of this version's IInt8EntropyCalibrator2

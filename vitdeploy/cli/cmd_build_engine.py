@@ -22,15 +22,22 @@ from ..remote.cli import on_device
 @click.option("--workspace", metavar="SIZE", help="Workspace memory limit, e.g. 4G or 512M (plain numbers are MiB).")
 @click.option("--opt-level", type=int, help="Builder optimisation level 0..5 (TensorRT >= 8.6; its default is 3).")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save a timing cache, keyed by TensorRT version and GPU.")
-@click.option("--hardware-compat", type=click.Choice(["none", "ampere+", "same-cc"]), default="none", show_default=True,
-              help="Hardware-compatible engine (ampere+: TensorRT >= 8.6; same-cc: >= 10.9).")
-@click.option("--version-compatible", is_flag=True, help="Version-compatible engine (TensorRT >= 8.6).")
+@click.option("--hardware-compatible", "--hardware-compat", "hardware_compat", type=click.Choice(["none", "ampere+", "same-cc"]),
+              default="none", show_default=True,
+              help="Hardware-compatible engine: other GPUs of that level, same platform (ampere+: TensorRT >= 8.6; same-cc: >= 10.9).")
+@click.option("--version-compatible", is_flag=True, help="Version-compatible engine: runs on later TensorRT of the same major (>= 8.6).")
+@click.option("--profile-layers", is_flag=True,
+              help="Build with detailed profiling verbosity, then profile per layer with trtexec (or print that command): "
+                   "time per ViT block, attention/MLP, beside the cost model.")
+@click.option("--strip-weights", is_flag=True,
+              help="Weight-stripped plan (TensorRT >= 10): small engine, refit from the bundle's ONNX on the device before first use.")
 @click.option("--dla-core", type=int, help="Jetson: run on DLA core N with GPU fallback (fp16/int8, static shapes).")
 @click.option("--no-gpu-fallback", is_flag=True, help="With --dla-core: fail unless every layer runs on DLA.")
 @click.option("--calib-data", type=click.Path(dir_okay=False), help="Legacy INT8: uint8 images [N,H,W,3] as .npy.")
 @click.option("--calib-cache", type=click.Path(dir_okay=False), help="Legacy INT8: calibration cache to read/write.")
 @click.option("--calib-batch", type=int, default=8, show_default=True, help="Legacy INT8: calibration batch size.")
-@click.option("--target", help="Engine folder name under engines/ (default: <gpu>-trt<version>-<precision>).")
+@click.option("--target", help="Engine folder under engines/ (default: <gpu>-trt<version>-<precision>); a Jetson target "
+              "name (jp6.2-orin-nano, jp7.1-agx-thor: `vitdeploy targets`) also plans that target's TensorRT and DLA.")
 @click.option("--trt-version", help="Plan for this TensorRT version instead of the installed one (dry runs, trtexec line).")
 @click.option("--dry-run", is_flag=True, help="Validate the plan, write reports/engine-plan-<target>.json; no TensorRT or GPU needed.")
 @click.option("--print-trtexec", is_flag=True, help="Print the equivalent trtexec command (without building).")
@@ -57,6 +64,8 @@ def command(bundle: str, **kw: object) -> None:
       vitdeploy build-engine bundle --precision fp16 --dla-report
       vitdeploy build-engine bundle --lint --trt-version 8.6
       vitdeploy build-engine bundle --dry-run --trt-version 8.5 --precision int8
+      vitdeploy build-engine bundle --dry-run --print-trtexec --target jp7.1-agx-thor --precision fp16
+      vitdeploy build-engine bundle --precision fp16 --strip-weights --version-compatible
     """
     from ..engine.plan import PlanOptions
     from ..engine.service import BuildEngineRequest, run
@@ -67,6 +76,7 @@ def command(bundle: str, **kw: object) -> None:
         timing_cache=kw["timing_cache"], hardware_compatibility=kw["hardware_compat"],
         version_compatible=kw["version_compatible"], dla_core=kw["dla_core"], gpu_fallback=not kw["no_gpu_fallback"],
         calib_data=kw["calib_data"], calib_cache=kw["calib_cache"], calib_batch=kw["calib_batch"], target=kw["target"],
+        strip_weights=kw["strip_weights"], profile_layers=kw["profile_layers"],
     )  # type: ignore[arg-type]
     request = BuildEngineRequest(bundle, options, kw["trt_version"], kw["dry_run"], kw["print_trtexec"], kw["dla_report"], kw["lint"])  # type: ignore[arg-type]
     outcome = run(request, log=click.echo)

@@ -11,7 +11,7 @@ from ..remote.cli import on_device
 
 
 @command("profile")
-@on_device(outputs=("out_dir",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
+@on_device(inputs=("layer_profile", "layer_info", "trtexec_log"), outputs=("out_dir",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
 @click.argument("bundle")
 @click.option("--resolutions", default=None, help="Comma-separated N or HxW (default: the bundle's native size).")
 @click.option("--fill", "fills", default=None, metavar="F1,F2",
@@ -42,8 +42,17 @@ from ..remote.cli import on_device
               help="Also score each (backend, precision, resolution) on labelled data (digits:test, DIR/<class>/<image>, .npz): "
                    "accuracy columns and reports/profile_accuracy.png (accuracy against latency).")
 @click.option("--wide", is_flag=True, help="Every column and every cell in the table (default: fits 120 columns, skipped cells in one line).")
+@click.option("--layers", "layers", is_flag=True,
+              help="Per-layer TensorRT profile of the bundle's engine: trtexec --exportProfile/--exportLayerInfo (run here, or the "
+                   "command printed), mapped to blocks.N attention/MLP, patch embedding and head, with the cost model's MACs.")
+@click.option("--engine", "engine", metavar="NAME", help="With --layers: the engine folder under engines/ (default: the only one).")
+@click.option("--layer-profile", type=click.Path(exists=True, dir_okay=False), help="With --layers: a trtexec --exportProfile JSON, or a log with --dumpProfile, from the device.")
+@click.option("--layer-info", type=click.Path(exists=True, dir_okay=False), help="With --layers: the matching trtexec --exportLayerInfo JSON.")
+@click.option("--trtexec-log", type=click.Path(exists=True, dir_okay=False), help="With --layers: that run's trtexec log (device, options).")
+@click.option("--trtexec", "trtexec_path", metavar="PATH", help="With --layers: the trtexec to run (default: on PATH, else /usr/src/tensorrt/bin/trtexec).")
 def command(bundle, resolutions, fills, batches, precisions, backends, iterations, duration, rounds, warmup, threads, pin, device, torch_modes,
-            cv_threshold, out_dir, no_plot, as_json, plain_graph, wide, accuracy_data):
+            cv_threshold, out_dir, no_plot, as_json, plain_graph, wide, accuracy_data, layers, engine, layer_profile, layer_info,
+            trtexec_log, trtexec_path):
     """Latency and throughput across resolutions, batch sizes, precisions and backends, beside the cost model.
 
     Each cell gets its own runner load (start-up = load to first result), a warm-up, then a fixed
@@ -72,7 +81,12 @@ def command(bundle, resolutions, fills, batches, precisions, backends, iteration
       vitdeploy profile digits-bundle --resolutions 24,32,48 --precision fp32,int8 --accuracy digits:test
       vitdeploy profile vitb --backend torch --device cuda --precision fp16 --batch 1,8,64 --torch-mode eager,cuda-graph,compile
       vitdeploy profile digits-variable --fill 1.0,0.5,0.25 --batch 1,8 --backend ort,torch
+      vitdeploy profile vitb --layers --batch 8                      # on the device, after build-engine --profile-layers
+      vitdeploy profile vitb --layers --layer-profile prof.json --layer-info layers.json --trtexec-log run.log
     """
+    if layers:
+        _layers(bundle, engine, layer_profile, layer_info, trtexec_log, trtexec_path, batches, resolutions, out_dir, as_json)
+        return
     from ..console import get_console
     from ..profile import SweepConfig, profile_bundle
     from ..profile.report import render_table, to_json
@@ -114,3 +128,24 @@ def command(bundle, resolutions, fills, batches, precisions, backends, iteration
         first = failed[0]
         raise UserError(f"{len(failed)} of {len(result.rows)} cells failed (reports written); first: "
                         f"{first['backend']} {first['precision']} {first['height']}x{first['width']} b{first['batch']}: {first['note']}")
+
+
+def _layers(bundle, engine, layer_profile, layer_info, trtexec_log, trtexec_path, batches, resolutions, out_dir, as_json):
+    """`profile --layers`: time per ViT block inside the TensorRT engine (vitdeploy.profile.layer_report)."""
+    from ..profile.layer_report import LayerRequest, run
+
+    ctx = click.get_current_context()
+    explicit = lambda name: ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT  # noqa: E731
+    batch = parse_int_list(batches, "--batch")[0] if explicit("batches") else None
+    sizes = [parse_resolution(r) for r in split_csv(resolutions)]
+    outcome = run(LayerRequest(bundle, engine, layer_profile, layer_info, trtexec_log, batch, sizes[0] if sizes else None, out_dir,
+                               trtexec_path))
+    if as_json and outcome.report is not None:
+        echo_json(outcome.report)
+    else:
+        for line in outcome.lines:
+            click.echo(line)
+        for kind, path in outcome.paths.items():
+            click.echo(f"{kind}: {path}")
+    if outcome.exit_code:
+        ctx.exit(outcome.exit_code)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import CheckFailed, ConfigError, DeviceError, UserError
 from ..fileio import atomic_write_bytes
+from . import portable
 from .plan import PATH_LEGACY, EnginePlan
 from .versions import Capabilities, capabilities_of, resolve
 
@@ -71,6 +72,8 @@ RUNTIME_API = (
     "TensorIOMode.INPUT",
     "nptype",
 )
+# A version-compatible plan embeds the lean runtime: the runtime must allow host code to load it (8.6+).
+RUNTIME_VERSION_COMPAT_API = ("Runtime.engine_host_code_allowed",)
 LEGACY_CALIBRATION_API = (
     "IInt8EntropyCalibrator2",
     "IBuilderConfig.int8_calibrator",
@@ -143,6 +146,13 @@ def recipe(plan: EnginePlan, caps: Capabilities) -> BuildRecipe:
         steps.append(Step("hardware_compatibility_level", (Ref(f"HardwareCompatibilityLevel.{level}"),), assign=True))
     if plan.version_compatible:
         steps.append(Step("set_flag", (Ref("BuilderFlag.VERSION_COMPATIBLE"),)))
+    if plan.profile_layers:
+        steps.append(Step("profiling_verbosity", (Ref("ProfilingVerbosity.DETAILED"),), assign=True))
+    if plan.strip_weights:
+        if not (caps.strip_plan and caps.refit_identical):
+            raise ConfigError(f"TensorRT {caps.version} has no weight-stripped plans (STRIP_PLAN + REFIT_IDENTICAL, 10.0+)")
+        for flag in portable.recipe_flags(plan):
+            steps.append(Step("set_flag", (Ref(f"BuilderFlag.{flag}"),)))
     for flag in plan.builder_flags:
         steps.append(Step("set_flag", (Ref(f"BuilderFlag.{flag}"),)))
     if plan.dla_core is not None:

@@ -27,23 +27,6 @@ PLAN_FILE = "model.plan"
 FINGERPRINT_FILE = "engine.json"
 TEGRA_RELEASE = Path("/etc/nv_tegra_release")
 
-# L4T release -> JetPack (NVIDIA's JetPack archive). Matched on the longest listed prefix.
-_L4T_TO_JETPACK = {
-    "35.1": "5.0.2",
-    "35.2.1": "5.1",
-    "35.3.1": "5.1.1",
-    "35.4.1": "5.1.2",
-    "35.5": "5.1.3",
-    "35.6": "5.1.4",
-    "36.2": "6.0 DP",
-    "36.3": "6.0",
-    "36.4": "6.1",
-    "36.4.3": "6.2",
-    "36.4.4": "6.2.1",
-    "38.2": "7.0",
-}
-
-
 @dataclass(frozen=True)
 class DeviceInfo:
     gpu_name: str
@@ -53,6 +36,7 @@ class DeviceInfo:
     jetpack: str | None = None
     cuda_runtime: str | None = None
     cuda_driver: str | None = None
+    model: str | None = None  # /proc/device-tree/model on a Jetson ("NVIDIA Jetson AGX Orin Developer Kit")
 
     @property
     def slug(self) -> str:
@@ -73,12 +57,11 @@ def parse_tegra_release(text: str) -> dict[str, str] | None:
 
 
 def jetpack_for_l4t(l4t: str) -> str | None:
-    parts = l4t.split(".")
-    for n in range(len(parts), 1, -1):
-        hit = _L4T_TO_JETPACK.get(".".join(parts[:n]))
-        if hit:
-            return hit
-    return None
+    """The JetPack of an exact Jetson Linux release, from the matrix in ``jetpack`` (exact releases only:
+    L4T 35.1 was JetPack 5.0.2 and 35.2.1 was 5.1, so a prefix match would mislabel boards)."""
+    from .jetpack import jetpack_for_l4t as lookup
+
+    return lookup(l4t)
 
 
 def read_tegra_release(path: Path = TEGRA_RELEASE) -> dict[str, str] | None:
@@ -125,6 +108,12 @@ def query_device(index: int = 0) -> DeviceInfo:
     runtime_v = cuda_check(rt.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion")
     driver_v = cuda_check(rt.cudaDriverGetVersion(), "cudaDriverGetVersion")
     tegra = read_tegra_release() or {}
+    model = None
+    if tegra:
+        try:
+            model = Path("/proc/device-tree/model").read_text(errors="replace").strip("\x00 \n") or None
+        except OSError:
+            model = None
     return DeviceInfo(
         gpu_name=name.strip("\x00 ").strip(),
         compute_capability=f"{prop.major}.{prop.minor}",
@@ -132,6 +121,7 @@ def query_device(index: int = 0) -> DeviceInfo:
         jetpack=tegra.get("jetpack"),
         cuda_runtime=_cuda_version(runtime_v),
         cuda_driver=_cuda_version(driver_v),
+        model=model,
     )
 
 
@@ -162,6 +152,7 @@ def make_fingerprint(
         "hardware_compatibility": plan.hardware_compatibility,
         "version_compatible": plan.version_compatible,
         "dla_core": plan.dla_core,
+        "strip_weights": bool(getattr(plan, "strip_weights", False)),
         "gpu_fallback": plan.gpu_fallback if plan.dla_core is not None else None,
         "source_sha256": plan.source_sha256,
         "source_precision": plan.source_precision,
@@ -173,6 +164,12 @@ def make_fingerprint(
         "built_on": socket.gethostname(),  # the machine that built it (the device, also when driven with --on HOST)
         "plan": plan.to_dict(),
     }
+    if data["strip_weights"]:
+        from .portable import refit_source
+
+        data["refit"] = refit_source(plan)
+    if getattr(plan, "device_target", None):
+        data["device_target"] = plan.device_target
     extras = getattr(plan, "extra_inputs", ())
     if extras:  # variable-size engines: every input, in binding order (images first, then valid_hw)
         data["inputs"] = [data["input"]] + [{"name": e.name, "dtype": e.dtype, "shape": ["batch"] + list(e.dims)} for e in extras]

@@ -10,13 +10,14 @@ LayerNormalization on 8.5, the opset-18 attribute-to-input changes); the rest ne
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
 from ..lazy import require
 from .parser_rules import (
+    ATTENTION_ISSUES,
     REDUCE_OPS_AXES_INPUT_18,
     RESIZE_MODES,
     RESIZE_TRANSFORMS,
@@ -52,6 +53,7 @@ class LintReport:
     opset: int
     nodes: int
     findings: list[Finding]
+    notes: list[str] = field(default_factory=list)  # facts that are not findings (an op the target parses, with its bugs)
 
     @property
     def blocking(self) -> list[Finding]:
@@ -70,13 +72,14 @@ class LintReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "graph": self.graph, "parser": self.rules.to_dict(), "opset": self.opset, "nodes": self.nodes,
-            "findings": [f.to_dict() for f in self.findings], "by_rule": self.by_rule(),
+            "findings": [f.to_dict() for f in self.findings], "by_rule": self.by_rule(), "notes": list(self.notes),
         }
 
     def lines(self, limit: int = 12) -> list[str]:
         name = Path(self.graph).name
         if self.clean:
-            return [f"parse lint, TensorRT {self.rules.key} parser: {name} (opset {self.opset}, {self.nodes} nodes): nothing it cannot parse"]
+            return [f"parse lint, TensorRT {self.rules.key} parser: {name} (opset {self.opset}, {self.nodes} nodes): nothing it cannot parse"] + \
+                [f"  note: {n}" for n in self.notes]
         out = [f"parse lint, TensorRT {self.rules.key} parser: {name} (opset {self.opset}): {len(self.findings)} finding(s)"]
         for rule, count in self.by_rule().items():
             first = next(f for f in self.findings if f.rule == rule)
@@ -84,6 +87,7 @@ class LintReport:
             if len(out) > limit:
                 out.append("  ...")
                 break
+        out += [f"  note: {n}" for n in self.notes]
         out.append(f"  rules read from {self.rules.source} (not run: no TensorRT parser ran here)")
         return out
 
@@ -182,9 +186,11 @@ def lint_model(model: Any, rules: ParserRules, graph_name: str = "graph") -> Lin
                 "custom-domain ops go to FallbackPluginImporter: the parse fails unless a plugin of that name is registered")
             continue
         if op not in rules.importers:
+            hint = (" (Attention parses from TensorRT 10.14; re-export at opset <= 22, vitdeploy's default 20, to keep "
+                    "attention as MatMul/Softmax)") if op == "Attention" else ""
             add(node, f"no importer for {op}",
                 f"TensorRT {rules.key} has no {op} importer; the node falls to FallbackPluginImporter "
-                "('Attempting to import as plugin') and the parse fails", op in LOWERABLE_OPS)
+                "('Attempting to import as plugin') and the parse fails" + hint, op in LOWERABLE_OPS)
             continue
         inputs = list(node.input)
 
@@ -205,8 +211,8 @@ def lint_model(model: Any, rules: ParserRules, graph_name: str = "graph") -> Lin
         elif op == "Pad" and len(inputs) > 3 and inputs[3]:
             if not rules.pad_axes_input:
                 add(node, "Pad axes given as an input (opset 18 form)", f"TensorRT {rules.key} reads pads for every axis and ignores axes")
-            elif not const_input(3):
-                add(node, "Pad axes not an initializer", "axes must be an initializer")
+            elif rules.pad_axes_constant and not const_input(3):
+                add(node, "Pad axes not an initializer", "axes must be an initializer (tensor axes from TensorRT 10.4)")
         elif op == "Slice" and rules.slice_axes_constant and len(inputs) > 3 and not const_input(3):
             add(node, "Slice axes not an initializer", "dynamic Slice axes are not supported ('does not support dynamic axes')")
         elif op in ("Squeeze", "Unsqueeze") and len(inputs) > 1 and not const_input(1):
@@ -232,7 +238,14 @@ def lint_model(model: Any, rules: ParserRules, graph_name: str = "graph") -> Lin
         add(node, "integer input used as a shape tensor",
             f"graph input {name} reaches operand {operand} of this {node.op_type}, which TensorRT reads as a shape: {name} would "
             "become a shape tensor (profiled by value with set_shape_input), not the per-image data vitdeploy's profiles shape")
-    return LintReport(graph_name, rules, opset, len(model.graph.node), findings)
+    report = LintReport(graph_name, rules, opset, len(model.graph.node), findings)
+    report.notes.extend(rules.notes if rules.inferred else ())  # which parser source these facts stand on
+    attention = sum(1 for n in model.graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx"))
+    if attention and rules.attention:
+        report.notes.append(
+            f"{attention} opset-23 Attention node(s): TensorRT {rules.key} parses them (IAttention) but has open bugs: "
+            + "; ".join(ATTENTION_ISSUES) + ". vitdeploy's own graphs keep attention as MatMul/Softmax (opset 20)")
+    return report
 
 
 # Operands TensorRT reads as shapes (shape tensors): index lists per op.
@@ -312,7 +325,7 @@ def _qdq_rules(node: Any, attrs: dict[str, Any], inputs: list[str], consts: dict
     scale = inputs[1] if len(inputs) > 1 else ""
     if scale in consts and not np.all(consts[scale] > 0):
         add(node, f"{op} scale not positive", "scale coefficients must all be positive")
-    if int(attrs.get("block_size", 0)) and rules.key in ("8.5", "8.6", "10.1"):
+    if int(attrs.get("block_size", 0)) and not rules.block_quantization:
         add(node, f"{op} block quantization", f"TensorRT {rules.key} has per-tensor and per-channel Q/DQ only")
 
 

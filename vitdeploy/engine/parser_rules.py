@@ -1,29 +1,35 @@
 """What each TensorRT's ONNX parser accepts, as data (no TensorRT import).
 
-Every fact here was read from NVIDIA's ONNX parser sources (github.com/onnx/onnx-tensorrt), not
-observed by running a parser: no TensorRT runs on the machines that wrote this. Per version:
+Every fact here was read from NVIDIA's ONNX parser sources (github.com/onnx/onnx-tensorrt, and the
+``parsers/onnx`` submodule commit of each NVIDIA/TensorRT ``release/*`` branch), not observed by
+running a parser: no TensorRT runs on the machines that wrote this. The base sets:
 
-- ``8.5``: branch ``8.5-GA`` (the parser of TensorRT 8.5, JetPack 5.1.x): ``docs/operators.md``
-  ("supports operators up to Opset 17"), the importer list from ``builtin_op_importers.cpp``
-  (``DEFINE_BUILTIN_OP_IMPORTER``), ``ModelImporter.cpp`` (ops without an importer fall to
-  ``FallbackPluginImporter`` and fail unless a plugin of that name is registered; no ONNX
-  function expansion), ``onnx2trt_utils.cpp`` (``canUseNDResize``, ``reduceTensor``).
-- ``8.6``: branch ``8.6-GA`` (TensorRT 8.6; JetPack 6.0 ships 8.6.2), same files. Adds the
-  ``LayerNormalization``, ``GroupNormalization`` and ``IsInf`` importers and the "UINT8 only as
-  network input/output" check in ``ModelImporter.cpp``.
-- ``10.1``: branch ``10.1-GA`` (the newest 10.x release branch of onnx-tensorrt), ``docs/operators.md``
-  ("inclusive range of opset 9 to opset 20") and ``onnxOpImporters.cpp``. Adds ``Gelu``, ``CastLike``,
-  ``Mish``, ``Hardmax``, ``DeformConv`` and ``LocalFunctionImporter`` (model-local functions are
-  expanded). It stands for TensorRT 10.0 to 10.14 (JetPack 6.1/6.2 ship 10.3): onnx-tensorrt has no
-  release branch for those, and importers are only ever added, so 10.1's list is their lower bound.
-- ``10.15``: ``docs/operators.md`` of the TensorRT 10.15 parser (opset 9 to 24; adds ``Attention``,
-  ``RMSNormalization``, ``RotaryEmbedding``, ``TensorScatter``, the window ops and ``STFT``).
-- ``11.1``: ``docs/operators.md`` at onnx-tensorrt commit 7c51a63a (the ``parsers/onnx`` submodule of
-  NVIDIA/TensorRT ``release/11.1``): opset 9 to 24, adds ``Swish``. It stands for every 11.x (the
-  newest parser source published when this was written).
+- ``8.5``: branch ``8.5-GA`` (JetPack 5.1.x): ``docs/operators.md`` (opset <= 17), the importer list
+  of ``builtin_op_importers.cpp`` (``DEFINE_BUILTIN_OP_IMPORTER``), ``ModelImporter.cpp`` (ops without
+  an importer fall to ``FallbackPluginImporter``; no ONNX function expansion), ``onnx2trt_utils.cpp``.
+- ``8.6``: branch ``8.6-GA`` (JetPack 6.0), same files: adds ``LayerNormalization``,
+  ``GroupNormalization``, ``IsInf`` and the "UINT8 only as network input/output" check.
+- ``10.1``: branch ``10.1-GA`` (the newest 10.x release *branch* of onnx-tensorrt): opset 9-20, adds
+  ``Gelu``, ``CastLike``, ``Mish``, ``Hardmax``, ``DeformConv``, ``LocalFunctionImporter``.
 
-Restrictions are kept only where they touch ViT graphs (Resize, Q/DQ, Slice/Squeeze/Unsqueeze/Reduce
-axes, Pad, GridSample, UINT8, LayerNormalization outputs); ``lint`` applies them node by node.
+Every later 10.x/11.x version is that base plus the changes ``_CHANGES`` lists, each with the
+version it arrived in and where that was read: onnx-tensorrt ``docs/Changelog.md`` (the copy whose
+newest entry is "TensorRT 10.15 GA Release - 2026-2-2"), NVIDIA/TensorRT ``CHANGELOG.md`` on ``main``
+(10.16, 11.0, 11.1), and ``docs/operators.md`` at the parser commits of ``release/10.14``
+(c7272770), ``release/10.16`` (6bde6596) and ``release/11.1`` (7c51a63a), which pin the opset range
+and the operator table. At the ``release/10.13`` parser commit (346bdcae) no ``operators.md`` is
+stored; its ``onnxOpImporters.cpp`` has no ``Attention`` importer (it sits between ``Atanh`` and
+``Add`` at 10.16's commit) and its README says "TensorRT 10.13 supports ONNX release 1.18.0"
+(opset 23), which is taken as its opset bound. For versions between the stored ones, the facts of
+the nearest stored version at or below are used and the rules say so (``inferred``).
+
+``Attention`` (opset 23) parses from 10.14 (IAttention), with open parser/build bugs on 10.14-10.16
+(NVIDIA/TensorRT#4705, #4732, #4738, #4739). vitdeploy's graphs keep attention as MatMul/Softmax at
+opset 20, which every supported version reads; a graph that carries ``Attention`` is linted against
+the target (refused before 10.14, flagged with those bugs after).
+
+Restrictions are kept only where they touch ViT graphs (Resize, Q/DQ, Slice/Squeeze/Unsqueeze/Reduce/
+Pad axes, GridSample, UINT8, LayerNormalization outputs); ``lint`` applies them node by node.
 """
 
 from __future__ import annotations
@@ -56,13 +62,6 @@ _OPS_85 = frozenset(
 )
 _OPS_86 = _OPS_85 | {"GroupNormalization", "IsInf", "LayerNormalization"}  # 8.6-GA builtin_op_importers.cpp
 _OPS_101 = _OPS_86 | {"CastLike", "DeformConv", "Gelu", "Hardmax", "Mish"}  # 10.1-GA onnxOpImporters.cpp
-# docs/operators.md rows marked "Y" that 10.1-GA did not have
-_OPS_1015 = _OPS_101 | {
-    "Attention", "BlackmanWindow", "HammingWindow", "HannWindow", "RMSNormalization", "RotaryEmbedding",
-    "STFT", "TensorScatter",
-}
-_OPS_111 = _OPS_1015 | {"Swish"}
-
 # Reduce ops whose ``axes`` moved from attribute to input in opset 18 (ReduceSum did so in 13).
 REDUCE_OPS_AXES_INPUT_18 = frozenset(
     "ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSumSquare".split()
@@ -75,7 +74,7 @@ RESIZE_MODES = frozenset({"nearest", "linear", "cubic"})
 class ParserRules:
     """The ONNX parser of one TensorRT line, as the lint and the lowering need it."""
 
-    key: str  # "8.5", "8.6", "10.1", "10.15", "11.1"
+    key: str  # "8.5", "8.6", then MAJOR.MINOR of the version asked for ("10.3", "10.13", "11.4")
     covers: str  # which TensorRT versions these facts stand for
     source: str  # where they were read
     opset_min: int
@@ -94,6 +93,15 @@ class ParserRules:
     slice_axes_constant: bool  # Slice ``axes`` must be an initializer
     gridsample_modes: frozenset[str]
     notes: tuple[str, ...] = field(default=())
+    pad_axes_constant: bool = True  # Pad ``axes`` must be an initializer (tensor axes from 10.4)
+    block_quantization: bool = False  # Q/DQ ``block_size`` (INT4/FP4 blocks; operators.md of 10.14+)
+    inferred: bool = False  # facts of the nearest stored parser source below this version
+    changes: tuple[str, ...] = field(default=())  # what was applied on top of the base, with its source
+
+    @property
+    def attention(self) -> bool:
+        """The opset-23 ``Attention`` op has an importer (IAttention, 10.14+)."""
+        return "Attention" in self.importers
 
     @property
     def needs_lowering(self) -> bool:
@@ -102,10 +110,13 @@ class ParserRules:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "covers": self.covers, "source": self.source, "opset": [self.opset_min, self.opset_max],
-                "importers": len(self.importers), "expands_functions": self.expands_functions}
+                "importers": len(self.importers), "expands_functions": self.expands_functions, "attention": self.attention,
+                "inferred": self.inferred, "changes": list(self.changes)}
 
 
 _SRC_8 = "{repo} branch {branch}: docs/operators.md, builtin_op_importers.cpp, ModelImporter.cpp, onnx2trt_utils.cpp"
+_GRID_8 = frozenset({"bilinear", "nearest", "bicubic"})
+_GRID_10 = frozenset({"linear", "nearest", "cubic", "bilinear", "bicubic"})
 
 RULES: dict[str, ParserRules] = {
     "8.5": ParserRules(
@@ -113,7 +124,7 @@ RULES: dict[str, ParserRules] = {
         source=_SRC_8.format(repo=ONNX_TENSORRT, branch="8.5-GA"),
         opset_min=7, opset_max=17, importers=_OPS_85, expands_functions=False,
         reduce_axes_input=False, pad_axes_input=False, resize_opset18_attrs=False, uint8_io_only=True,
-        qdq_zero_point_required=True, slice_axes_constant=True, gridsample_modes=frozenset({"bilinear", "nearest", "bicubic"}),
+        qdq_zero_point_required=True, slice_axes_constant=True, gridsample_modes=_GRID_8,
         notes=("operators.md lists LayerNormalization as not supported; no Gelu importer (an opset-20 op)",),
     ),
     "8.6": ParserRules(
@@ -121,44 +132,89 @@ RULES: dict[str, ParserRules] = {
         source=_SRC_8.format(repo=ONNX_TENSORRT, branch="8.6-GA"),
         opset_min=7, opset_max=17, importers=_OPS_86, expands_functions=False,
         reduce_axes_input=False, pad_axes_input=False, resize_opset18_attrs=False, uint8_io_only=True,
-        qdq_zero_point_required=True, slice_axes_constant=True, gridsample_modes=frozenset({"bilinear", "nearest", "bicubic"}),
+        qdq_zero_point_required=True, slice_axes_constant=True, gridsample_modes=_GRID_8,
         notes=("no Gelu importer: 'No importer registered for op: Gelu. Attempting to import as plugin.' then fails",),
     ),
     "10.1": ParserRules(
-        key="10.1", covers="TensorRT 10.0 to 10.14 (JetPack 6.1/6.2 ship 10.3)",
-        source=f"{ONNX_TENSORRT} branch 10.1-GA: docs/operators.md, onnxOpImporters.cpp, ModelImporter.cpp "
-        "(the newest 10.x release branch; importers are only added later, so it is the lower bound for 10.2-10.14)",
+        key="10.1", covers="TensorRT 10.0 to 10.2",
+        source=f"{ONNX_TENSORRT} branch 10.1-GA: docs/operators.md, onnxOpImporters.cpp, ModelImporter.cpp",
         opset_min=9, opset_max=20, importers=_OPS_101, expands_functions=True,
         reduce_axes_input=True, pad_axes_input=True, resize_opset18_attrs=True, uint8_io_only=True,
-        qdq_zero_point_required=False, slice_axes_constant=True, gridsample_modes=frozenset({"linear", "nearest", "cubic", "bilinear", "bicubic"}),
-    ),
-    "10.15": ParserRules(
-        key="10.15", covers="TensorRT 10.15 and later 10.x",
-        source=f"{ONNX_TENSORRT} docs/operators.md of the TensorRT 10.15 parser",
-        opset_min=9, opset_max=24, importers=_OPS_1015, expands_functions=True,
-        reduce_axes_input=True, pad_axes_input=True, resize_opset18_attrs=True, uint8_io_only=True,
-        qdq_zero_point_required=False, slice_axes_constant=False, gridsample_modes=frozenset({"linear", "nearest", "cubic", "bilinear", "bicubic"}),
-    ),
-    "11.1": ParserRules(
-        key="11.1", covers="TensorRT 11.x (the newest parser source published: 11.1)",
-        source=f"{ONNX_TENSORRT} docs/operators.md at 7c51a63a (parsers/onnx of NVIDIA/TensorRT release/11.1)",
-        opset_min=9, opset_max=24, importers=_OPS_111, expands_functions=True,
-        reduce_axes_input=True, pad_axes_input=True, resize_opset18_attrs=True, uint8_io_only=True,
-        qdq_zero_point_required=False, slice_axes_constant=False, gridsample_modes=frozenset({"linear", "nearest", "cubic", "bilinear", "bicubic"}),
+        qdq_zero_point_required=False, slice_axes_constant=True, gridsample_modes=_GRID_10,
     ),
 }
 
+_CHANGELOG = f"{ONNX_TENSORRT} docs/Changelog.md"
+_TRT_CHANGELOG = "NVIDIA/TensorRT CHANGELOG.md (main)"
+_OPERATORS = f"{ONNX_TENSORRT} docs/operators.md"
+
+# (first TensorRT version, field changes, where it was read). "+importers" adds operators.
+_CHANGES: tuple[tuple[tuple[int, int], dict[str, Any], str], ...] = (
+    ((10, 3), {"slice_axes_constant": False}, f"{_CHANGELOG}, 10.3 GA: 'Added support for tensor axes inputs for Slice nodes'"),
+    ((10, 4), {"pad_axes_constant": False, "+importers": {"BlackmanWindow", "HammingWindow", "HannWindow"}},
+     f"{_CHANGELOG}, 10.4 GA: tensor axes for Pad; BlackmanWindow/HammingWindow/HannWindow"),
+    ((10, 5), {"+importers": {"STFT"}}, f"{_CHANGELOG}, 10.5 GA: real-valued STFT"),
+    ((10, 13), {"opset_max": 23}, f"{ONNX_TENSORRT} README.md at 346bdcae (release/10.13 parser): 'TensorRT 10.13 supports "
+     "ONNX release 1.18.0' (ONNX 1.18 = opset 23; no operators.md stored at that commit)"),
+    ((10, 14), {"opset_max": 24, "block_quantization": True, "+importers": {"Attention"}},
+     f"{_OPERATORS} at c7272770 (release/10.14 parser): opset 9 to 24, Attention 'Y', DequantizeLinear INT4/FP4; "
+     f"{_CHANGELOG}, 10.14 GA: 'Added support for the Attention operator'"),
+    ((10, 15), {"+importers": {"RotaryEmbedding", "RMSNormalization", "TensorScatter"}},
+     f"{_CHANGELOG}, 10.15 GA; {_OPERATORS} at 6bde6596 (release/10.16 parser) lists all three"),
+    ((11, 0), {"+importers": {"Swish"}}, f"{_TRT_CHANGELOG}, 11.0 GA parsers: 'Added support for Swish operator'; "
+     f"{_OPERATORS} at 7c51a63a (release/11.1 parser): opset 9 to 24, Swish 'Y'"),
+)
+# Versions whose own parser sources are stored (everything else is inferred from the nearest below).
+_STORED = {(10, 1), (10, 13), (10, 14), (10, 16), (11, 1)}
+
+# Known parser/build bugs of the opset-23 Attention importer (open when this was written).
+ATTENTION_ISSUES = (
+    "NVIDIA/TensorRT#4705 (10.14: IAttention fails at serialization)",
+    "NVIDIA/TensorRT#4732 (10.16: wrong results from the Attention layer)",
+    "NVIDIA/TensorRT#4738 (10.16: Attention with KV cache outputs refused)",
+    "NVIDIA/TensorRT#4739 (10.16: Attention inside an If subgraph fails to build)",
+)
+
+
+def _rules_10(v: TrtVersion) -> ParserRules:
+    key = (v.major, v.minor)
+    base = RULES["10.1"]
+    values = {name: getattr(base, name) for name in base.__dataclass_fields__}
+    importers = set(base.importers)
+    applied = []
+    for since, change, source in _CHANGES:
+        if key < since:
+            continue
+        for name, value in change.items():
+            if name == "+importers":
+                importers |= value
+            else:
+                values[name] = value
+        applied.append(f"{since[0]}.{since[1]}: {source}")
+    if key < (10, 1):  # 10.1-GA is the base; DeformConv arrived in 10.1
+        importers.discard("DeformConv")
+        applied.append(f"10.0: {_CHANGELOG}, 10.1 GA: 'Added support for DeformConv operation' (so 10.0 has no DeformConv)")
+    stored_at_or_below = max((s for s in _STORED if s <= key), default=(10, 1))
+    values.update(
+        key=f"{v.major}.{v.minor}", importers=frozenset(importers), changes=tuple(applied),
+        covers=f"TensorRT {v.major}.{v.minor}", inferred=key not in _STORED,
+        source=base.source + "".join(f"; {a}" for a in applied),
+        notes=((f"no parser source stored for {v.major}.{v.minor}: facts of {stored_at_or_below[0]}.{stored_at_or_below[1]} "
+                "and the changelog entries up to it",) if key not in _STORED else ()),
+    )
+    return ParserRules(**values)
+
 
 def rules_for(version: str | TrtVersion) -> ParserRules:
-    """The parser facts for a TensorRT version (the nearest published parser source at or below it)."""
+    """The parser facts for a TensorRT version: 8.5/8.6 as read, 10.x/11.x as 10.1-GA plus the changes up to it."""
     v = version if isinstance(version, TrtVersion) else TrtVersion.parse(str(version))
     key = (v.major, v.minor)
     if key < (8, 6):
         return RULES["8.5"]
     if key < (10, 0):
         return RULES["8.6"]
-    if key < (10, 15):
-        return RULES["10.1"]
-    if key < (11, 0):
-        return RULES["10.15"]
-    return RULES["11.1"]
+    return _rules_10(v)
+
+
+# The versions whose parser sources are stored, by key (for tests, docs and `--lint` reports).
+RULES.update({key: _rules_10(TrtVersion.parse(key)) for key in ("10.3", "10.13", "10.14", "10.16", "11.1", "11.4")})

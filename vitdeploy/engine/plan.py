@@ -319,6 +319,8 @@ class PlanOptions:
     calib_cache: str | None = None
     calib_batch: int = 8
     target: str | None = None
+    strip_weights: bool = False  # validated by ``portable.apply`` (weight-stripped plan, refit on the device)
+    profile_layers: bool = False  # build with ProfilingVerbosity.DETAILED, then profile per layer (``profile.layer_report``)
 
 
 @dataclass(frozen=True)
@@ -355,6 +357,10 @@ class EnginePlan:
     # Per-image inputs beside the images (variable-size bundles: valid_hw [B, 2]); shaped by each
     # profile's batch range. Empty for the single-input contract.
     extra_inputs: tuple[BatchedInput, ...] = field(default=())
+    # Weight-stripped plan (``portable``): BuilderFlag.STRIP_PLAN + REFIT_IDENTICAL, refit from ``onnx_path``.
+    strip_weights: bool = False
+    device_target: dict[str, Any] | None = None  # the Jetson target the plan was made for (``targets``)
+    profile_layers: bool = False  # ProfilingVerbosity.DETAILED: per-layer names, tactics and ONNX origins in the engine
 
     @property
     def onnx_path(self) -> str:

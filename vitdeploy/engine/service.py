@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from ..bundle import Bundle
-from ..errors import MissingDependencyError, UserError
+from ..errors import ConfigError, MissingDependencyError, UserError
 from ..fileio import atomic_write_bytes, atomic_write_json, sha256_bytes, staged_directory
-from . import dla, fingerprint, timing_cache
+from . import dla, fingerprint, portable, targets, timing_cache
 from .builder import BuildRecipe, Ref, recipe
 from .lint import LintReport, lint_file
 from .parser_rules import ParserRules, rules_for
@@ -66,6 +66,19 @@ def _no_tensorrt_message() -> str:
     )
 
 
+def _target_version(request: BuildEngineRequest, target: Any) -> BuildEngineRequest:
+    """A Jetson target fixes the TensorRT to plan for; a --trt-version that disagrees is refused."""
+    if target is None:
+        return request
+    wanted = TrtVersion.parse(target.trt_version)
+    if request.trt_version:
+        given = TrtVersion.parse(request.trt_version)
+        if (given.major, given.minor) != (wanted.major, wanted.minor):
+            raise UserError(f"--target {target.name} ships TensorRT {wanted} but --trt-version {given} was given; drop one of them")
+        return request
+    return replace(request, trt_version=target.trt_version)
+
+
 def _capabilities(request: BuildEngineRequest, need_live: bool) -> tuple[Capabilities, Any]:
     """Capabilities of the named or installed TensorRT, and the live module when a build needs it."""
     installed = installed_version()
@@ -75,7 +88,8 @@ def _capabilities(request: BuildEngineRequest, need_live: bool) -> tuple[Capabil
             if installed is None:
                 raise MissingDependencyError(_no_tensorrt_message())
             if (installed.major, installed.minor) != (wanted.major, wanted.minor):
-                raise UserError(f"--trt-version {wanted} but TensorRT {installed} is installed; a build uses the installed one (drop --trt-version)")
+                raise UserError(f"--trt-version/--target means TensorRT {wanted} but TensorRT {installed} is installed; a build uses "
+                                "the installed one (drop --trt-version, or build with the target's TensorRT)")
         else:
             return capabilities_for(wanted), None
     if installed is None:
@@ -99,13 +113,25 @@ def run(request: BuildEngineRequest, log: Any = None) -> BuildEngineOutcome:
     bundle = Bundle.open(request.bundle)  # variable-size bundles too: profiles shape (images, valid_hw) from one batch range
     building = not (request.dry_run or request.dla_report or request.print_trtexec or request.lint)
     options = request.options
+    target = targets.resolve(options.target) if targets.is_target_name(options.target) else None
+    target_notes = targets.check_dla(target, options.dla_core) if target is not None else []
+    if target is not None:
+        targets.check_portability(target, options.hardware_compatibility)
+    if target is not None and request.dla_report and target.module is not None and not target.dla_cores:
+        raise ConfigError(f"{target.module.name} on JetPack {target.release.jetpack} has no usable DLA: every layer runs on the GPU; "
+                          "--dla-report is for targets with DLA (see `vitdeploy targets`)")
+    request = _target_version(request, target)
     if request.dla_report and not options.batch and options.dla_core is None:
         options = replace(options, batch=("1",))  # the report is about static DLA shapes by default
     caps, trt = _capabilities(request, need_live=building)
     made: list[str] = []
     if not request.lint:
         made = _make_missing_fp16(bundle, options, log)
-    plan = make_plan(bundle, options, caps)
+    plan = portable.apply(make_plan(bundle, options, caps), options, caps)
+    if target is not None:
+        relevant = ("tensorrt", "compute_capability") + (("dla_cores",) if options.dla_core is not None or request.dla_report else ())
+        target_notes += [f"not confirmed by a stored source: {u}" for u in target.unconfirmed(relevant)]
+        plan = replace(plan, device_target=_target_record(target), notes=plan.notes + tuple(target_notes))
     rules = rules_for(caps.version)
     if request.lint:
         return _lint_only(bundle, plan, rules)
@@ -125,6 +151,14 @@ def run(request: BuildEngineRequest, log: Any = None) -> BuildEngineOutcome:
     outcome.lines[:0] = made
     outcome.lint = report
     return outcome
+
+
+def _target_record(target: Any) -> dict[str, Any]:
+    """What a plan (and engine.json) records of the Jetson target it was made for."""
+    r, m = target.release, target.module
+    return {"name": target.name, "jetpack": r.jetpack, "l4t": list(r.l4t), "cuda": r.cuda, "tensorrt": r.tensorrt,
+            "module": m.key if m else None, "compute_capability": m.compute_capability if m else None,
+            "dla_cores": target.dla_cores, "unconfirmed": target.unconfirmed()}
 
 
 def _make_missing_fp16(bundle: Bundle, options: PlanOptions, log: Any) -> list[str]:
@@ -198,6 +232,11 @@ def describe_plan(plan: EnginePlan) -> list[str]:
         f"plan: TensorRT {plan.trt_version}, {plan.precision} via {plan.precision_path} from {Path(plan.source).name}"
         + (f" (flags {', '.join(plan.builder_flags)})" if plan.builder_flags else ""),
     ]
+    if plan.device_target:
+        t = plan.device_target
+        dla_text = "" if t["module"] is None else f", DLA cores {t['dla_cores']}"
+        lines.append(f"  target {t['name']}: JetPack {t['jetpack']} (Jetson Linux {'/'.join(t['l4t'])}, CUDA {t['cuda']}), "
+                     f"TensorRT {t['tensorrt']}" + (f", SM {t['compute_capability']}" if t["compute_capability"] else "") + dla_text)
     if plan.parse_graph:
         lines.append(f"  TensorRT parses {Path(plan.parse_graph).name} (opset {plan.lowering['opset'][1]}, lowered from {Path(plan.source).name})"
                      if plan.lowering else f"  TensorRT parses {Path(plan.parse_graph).name}")
@@ -216,6 +255,8 @@ def describe_plan(plan: EnginePlan) -> list[str]:
         knobs.append(f"hardware-compat {plan.hardware_compatibility}")
     if plan.version_compatible:
         knobs.append("version-compatible")
+    if plan.strip_weights:
+        knobs.append("weight-stripped (refit from the ONNX on the device)")
     if plan.dla_core is not None:
         knobs.append(f"DLA core {plan.dla_core}" + (" with GPU fallback" if plan.gpu_fallback else " without GPU fallback"))
     if knobs:
@@ -267,8 +308,19 @@ def _plan_only(bundle: Bundle, plan: EnginePlan, caps: Capabilities, request: Bu
         lines.append(f"# trtexec equivalent for TensorRT {caps.version}:")
         lines.append(cmd.text())
         lines += [f"# note: {n}" for n in cmd.notes]
+    if plan.profile_layers:
+        lines.append("# then, per layer on the device (vitdeploy profile BUNDLE --layers runs it and maps layers to blocks):")
+        lines.append(_layer_command(plan, caps, engine_path).text())
     # A plan whose graph the target cannot parse is not a valid plan: report it, and say so in the exit code.
     return BuildEngineOutcome(lines, plan, written, exit_code=1 if lint.findings else 0)
+
+
+def _layer_command(plan: EnginePlan, caps: Capabilities, engine_path: Path) -> Any:
+    from .trtexec import TrtexecCommand, layer_profile_command
+
+    shapes = {name: s["opt"] for name, s in plan.input_shapes(plan.profiles[0]).items()}
+    refit = plan.onnx_path if plan.strip_weights else None
+    return TrtexecCommand(layer_profile_command(engine_path, shapes, engine_path.parent.parent.parent / "reports", caps, refit_onnx=refit))
 
 
 def _dla_report(bundle: Bundle, plan: EnginePlan) -> BuildEngineOutcome:
@@ -339,6 +391,7 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
         "jetpack": device.jetpack,
         "profiles": fp["profiles"],
         "dla_core": plan.dla_core,
+        "strip_weights": plan.strip_weights,
         "built_at": fp["built_at"],
     }
     lines = [
@@ -354,4 +407,9 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
         bundle.save()
     else:
         lines.append("  (bare ONNX input: the engine is not recorded in a manifest)")
+    if plan.profile_layers and bundle.bare_onnx is None:  # the per-layer view: run trtexec here, or say what to run
+        from ..profile.layer_report import LayerRequest, run as run_layers
+
+        layered = run_layers(LayerRequest(bundle.root, engine=target))
+        lines += ["  " + line for line in layered.lines]
     return BuildEngineOutcome(lines, plan, [engine_dir / fingerprint.PLAN_FILE, engine_dir / fingerprint.FINGERPRINT_FILE], record)

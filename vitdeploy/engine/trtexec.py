@@ -13,6 +13,8 @@ Flag names and their availability were checked against trtexec's own option pars
   (8.6+; the last 10.9+), ``--versionCompatible`` (8.6+), ``--useDLACore=N``, ``--allowGPUFallback``,
   ``--saveEngine=<file>``, ``--skipInference`` (build only; 8.6+: trtexec 8.5 calls it ``--buildOnly``,
   read from ``release/8.5`` and ``release/8.6`` of ``samples/common/sampleOptions.cpp``).
+- ``--stripWeights`` (10.0+; refit with identical weights by default) and ``--refitFromOnnx`` (10.14+), read
+  from ``sampleOptions.cpp`` at v10.0.0 .. v10.16 and release/11.1 (absent at v8.6.1 / v10.13.0 respectively).
 - ``--onnx`` names the graph TensorRT parses: for 8.x the bundle graph lowered to opset 17
   (``EnginePlan.onnx_path``, see ``lowering``).
 """
@@ -23,6 +25,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import portable
 from .plan import PATH_LEGACY, PATH_STRONGLY_TYPED, EnginePlan
 from .versions import Capabilities
 
@@ -98,6 +101,9 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
         argv.append(f"--hardwareCompatibilityLevel={_HW_COMPAT_TRTEXEC[plan.hardware_compatibility]}")
     if plan.version_compatible:
         argv.append("--versionCompatible")
+    argv += portable.trtexec_flags(plan, caps)
+    if plan.profile_layers:
+        argv.append("--profilingVerbosity=detailed")
     if plan.dla_core is not None:
         argv.append(f"--useDLACore={plan.dla_core}")
         if plan.gpu_fallback:
@@ -113,4 +119,30 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
             f"{extra.dtype}, [batch, {', '.join(str(d) for d in extra.dims)}]); trtexec's random {extra.dtype} data is clamped by the "
             "graph to [1 patch, canvas] and times no chosen fill (vitdeploy profile --fill does)"
         )
+    if plan.strip_weights:
+        refit = portable.trtexec_refit_line(engine_path, plan.onnx_path, caps)
+        notes.append(f"weight-stripped: refit on the device with `{refit}`" if refit else
+                     f"weight-stripped: trtexec {caps.version} has no --refitFromOnnx (10.14+); vitdeploy's runtime refits it")
     return TrtexecCommand(argv, notes)
+
+
+def layer_profile_command(engine_path: str | Path, shapes: dict[str, tuple[int, ...]], out_dir: str | Path, caps: Capabilities,
+                          refit_onnx: str | Path | None = None, warmup_ms: int = 500, duration_s: int = 10) -> list[str]:
+    """trtexec per-layer profile of a built engine: --exportProfile (per-layer times) and --exportLayerInfo
+    (per-layer ONNX origins; detailed only when the engine was built with ProfilingVerbosity.DETAILED, i.e.
+    ``build-engine --profile-layers``). 10.x times on the device without host copies, spinning, through a CUDA
+    graph and in a separate profiling run; 11.x does all of that by default and deprecates the flags
+    (sampleOptions.cpp, release/11.0 and release/11.1)."""
+    out = Path(out_dir)
+    argv = ["trtexec", f"--loadEngine={engine_path}",
+            "--shapes=" + ",".join(f"{name}:{_dims(shape)}" for name, shape in shapes.items()),
+            f"--warmUp={warmup_ms}", f"--duration={duration_s}", "--dumpProfile",
+            f"--exportProfile={out / 'layer-profile.json'}", f"--exportLayerInfo={out / 'layer-info.json'}",
+            "--profilingVerbosity=detailed"]
+    if not caps.trtexec_timing_defaults:
+        argv += ["--separateProfileRun", "--noDataTransfers", "--useSpinWait", "--useCudaGraph"]
+    if refit_onnx is not None:
+        if not caps.trtexec_refit_from_onnx:
+            raise ValueError(f"trtexec {caps.version} cannot refit a weight-stripped engine (--refitFromOnnx is 10.14+)")
+        argv.append(f"--refitFromOnnx={refit_onnx}")
+    return argv

@@ -12,7 +12,7 @@ TensorRT changed its build API three times in the range vitdeploy supports (8.5/
 Every such difference is one row of ``_FEATURES``: the version range where it exists and the API name
 that proves it. ``capabilities_for(version)`` answers from the number alone (for ``--trt-version``
 and dry runs, no TensorRT needed); ``capabilities_of(trt)`` probes a live module. The tests run both
-against the real Python bindings of 8.6.1, 10.3, 10.16 and 11.4 and require them to agree.
+against the real Python bindings of 8.6.1, 10.3, 10.13, 10.16 and 11.4 and require them to agree.
 """
 
 from __future__ import annotations
@@ -70,6 +70,18 @@ _FEATURES: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None, str]]
     "same_compute_capability": ((10, 9), None, "HardwareCompatibilityLevel.SAME_COMPUTE_CAPABILITY"),
     "version_compatible": ((8, 6), None, "BuilderFlag.VERSION_COMPATIBLE"),
     "platform_has_fast_fp16": (None, (11, 0), "Builder.platform_has_fast_fp16"),
+    # Engines that travel: weight-stripped plans refitted from the ONNX weights on the device (10.0+),
+    # version-compatible plans that carry their lean runtime unless it is excluded (8.6+).
+    "strip_plan": ((10, 0), None, "BuilderFlag.STRIP_PLAN"),
+    "refit_identical": ((10, 0), None, "BuilderFlag.REFIT_IDENTICAL"),
+    "refit": (None, None, "BuilderFlag.REFIT"),
+    "onnx_parser_refitter": ((10, 0), None, "OnnxParserRefitter"),
+    "exclude_lean_runtime": ((8, 6), None, "BuilderFlag.EXCLUDE_LEAN_RUNTIME"),
+    "engine_host_code": ((8, 6), None, "Runtime.engine_host_code_allowed"),
+    # SerializationFlag.INCLUDE_REFIT (10.14 release notes): re-serialising a refitted stripped engine keeps it refittable
+    "serialize_include_refit": ((10, 14), None, "SerializationFlag.INCLUDE_REFIT"),
+    # Per-layer information of a built engine (what trtexec --exportLayerInfo writes)
+    "engine_inspector": (None, None, "ICudaEngine.create_engine_inspector"),
 }
 
 # Facts about the trtexec of each version (not visible in the Python module).
@@ -82,6 +94,11 @@ _TRTEXEC: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = {
     "trtexec_precision_flags": (None, (11, 0)),
     # --skipInference (8.6+); trtexec 8.5 has --buildOnly instead (sampleOptions.cpp, release/8.5 vs 8.6)
     "trtexec_skip_inference": ((8, 6), None),
+    # --stripWeights (10.0+: sampleOptions.cpp v10.0.0..release/11.1; absent in v8.6.1), --refitFromOnnx (v10.14+)
+    "trtexec_strip_weights": ((10, 0), None),
+    "trtexec_refit_from_onnx": ((10, 14), None),
+    # --noDataTransfers/--useSpinWait/--useCudaGraph/--separateProfileRun became deprecated no-ops (the defaults) in 11.0
+    "trtexec_timing_defaults": ((11, 0), None),
 }
 
 
@@ -110,6 +127,17 @@ class Capabilities:
     trtexec_strongly_typed_flag: bool
     trtexec_precision_flags: bool
     trtexec_skip_inference: bool = True
+    strip_plan: bool = False
+    refit_identical: bool = False
+    refit: bool = True
+    onnx_parser_refitter: bool = False
+    exclude_lean_runtime: bool = False
+    engine_host_code: bool = False
+    serialize_include_refit: bool = False
+    engine_inspector: bool = True
+    trtexec_strip_weights: bool = False
+    trtexec_refit_from_onnx: bool = False
+    trtexec_timing_defaults: bool = False
 
     @property
     def trt_version(self) -> TrtVersion:

@@ -425,9 +425,9 @@ def _render_footer(result: SweepResult, console: Any) -> None:
     console.print(f"attention/MLP crossover at L = (2 + rho) d = {result.cost_model['crossover_seq_len']:.0f} tokens")
     jetson = result.machine.get("jetson")
     if jetson:
-        mode = (jetson.get("nvpmodel") or {}).get("name", "unknown")
-        clocks = jetson.get("jetson_clocks")
-        console.print(f"Jetson: nvpmodel {mode}, jetson_clocks {'locked' if clocks and clocks['locked'] else 'not locked' if clocks else 'unknown'}")
+        from .tegrastats import describe_power_state
+
+        console.print(f"Jetson: {describe_power_state(jetson)}")
     unstable = [r for r in result.rows if r.get("unstable")]
     if unstable:
         console.print(f"[yellow]warning: {len(unstable)} cell(s) unstable (* CV > {result.config['cv_threshold']:.0%}): "

@@ -179,23 +179,77 @@ def parse_nvpmodel_query(text: str) -> dict[str, Any] | None:
     m = _NVP_MODE.search(text)
     if not m:
         return None
-    rest = text[m.end():].split()
+    name, rest = m.group(1), text[m.end():].split()
     mode_id = int(rest[0]) if rest and rest[0].isdigit() else None
-    return {"name": m.group(1), "id": mode_id}
+    if mode_id is None and re.fullmatch(r"\S+ \d+", name):  # "NV Power Mode: MAXN 0": both on one line
+        name, _, number = name.partition(" ")
+        mode_id = int(number)
+    return {"name": name, "id": mode_id}
 
 
-_CLOCK_LINE = re.compile(r"^\s*(cpu\d+|GPU|EMC)\b.*?MinFreq=(\d+)\s+MaxFreq=(\d+)\s+CurrentFreq=(\d+)", re.MULTILINE)
+# "cpu0: Gonvernor=interactive MinFreq=..." (TX1, L4T 28), "cpu0:  Online=1 Governor=schedutil MinFreq=..."
+# (Orin, L4T 36), "GPU MinFreq=...", "EMC MinFreq=... FreqOverride=0", "DLA0_CORE:   Online=1 MinFreq=..." (L4T 39).
+_CLOCK_LINE = re.compile(r"^\s*([A-Za-z][\w]*):?[ \t]+([^\n]*?)\bMinFreq=(\d+)\s+MaxFreq=(\d+)\s+CurrentFreq=(\d+)([^\n]*)$",
+                         re.MULTILINE)
+_KEY_VALUE = re.compile(r"(\w+)=(\S+)")
+_TPCS = re.compile(r"^\s*Active GPU TPCs:\s*(\d+)", re.MULTILINE)
+_ONLINE = re.compile(r"^\s*Online CPUs:\s*([\d,\-]+)", re.MULTILINE)
 
 
 def parse_jetson_clocks_show(text: str) -> dict[str, Any] | None:
-    """``jetson_clocks --show``: per-clock min/max/current. jetson_clocks pins a clock by raising its
-    minimum to its maximum, so "locked" is true when every CPU and the GPU have min == max."""
-    clocks = {name: {"min": int(lo), "max": int(hi), "current": int(cur)} for name, lo, hi, cur in _CLOCK_LINE.findall(text)}
+    """``jetson_clocks --show``: per-clock min/max/current (Hz for GPU/EMC/DLA/PVA, kHz for CPUs).
+
+    jetson_clocks pins a clock by raising its minimum to its maximum, so ``locked`` is true when every
+    online CPU and the GPU have min == max; ``unpinned`` names the clocks that still scale. The memory
+    clock (EMC) counts as pinned at min == max (L4T 36+) or ``FreqOverride=1`` (L4T 28). Orin boards
+    also print the active GPU TPCs (fewer TPCs, fewer SMs) and the DLA / PVA clocks; L4T 36+ ends with
+    the ``NV Power Mode`` in force.
+    """
+    clocks: dict[str, dict[str, Any]] = {}
+    for name, before, lo, hi, cur, after in _CLOCK_LINE.findall(text):
+        entry: dict[str, Any] = {"min": int(lo), "max": int(hi), "current": int(cur)}
+        for key, value in _KEY_VALUE.findall(before + " " + after):
+            if key == "Online":
+                entry["online"] = value == "1"
+            elif key.endswith("nor"):  # "Governor", and TX1's "Gonvernor"
+                entry["governor"] = value
+            elif key == "FreqOverride":
+                entry["freq_override"] = value == "1"
+        clocks[name] = entry
     if not clocks:
         return None
-    pinned = [name for name in clocks if name.startswith("cpu") or name == "GPU"]
-    locked = bool(pinned) and all(clocks[n]["min"] == clocks[n]["max"] for n in pinned)
-    return {"locked": locked, "clocks": clocks}
+    pinned = [n for n, c in clocks.items() if (n.startswith("cpu") and c.get("online", True)) or n == "GPU"]
+    unpinned = [n for n in pinned if clocks[n]["min"] != clocks[n]["max"]]
+    state: dict[str, Any] = {"locked": bool(pinned) and not unpinned, "unpinned": unpinned, "clocks": clocks}
+    emc = clocks.get("EMC")
+    state["emc_pinned"] = None if emc is None else (emc["min"] == emc["max"] or bool(emc.get("freq_override")))
+    m = _TPCS.search(text)
+    state["active_gpu_tpcs"] = int(m.group(1)) if m else None
+    m = _ONLINE.search(text)
+    state["online_cpus"] = m.group(1).strip(",") if m else None
+    modes = _NVP_MODE.findall(text)
+    state["power_mode"] = modes[-1] if modes else None
+    return state
+
+
+def describe_power_state(jetson: dict[str, Any] | None) -> str | None:
+    """One line for a report: nvpmodel mode, jetson_clocks, the GPU TPCs and memory clock it showed."""
+    if not jetson:
+        return None
+    mode = (jetson.get("nvpmodel") or {}).get("name") or "?"
+    clocks = jetson.get("jetson_clocks")
+    if not clocks:
+        why = jetson.get("jetson_clocks_error")
+        return f"nvpmodel {mode}, jetson_clocks unknown" + (f" ({why})" if why else "")
+    if clocks.get("locked"):
+        text = f"nvpmodel {mode}, jetson_clocks locked"
+    else:
+        text = f"nvpmodel {mode}, clocks not locked ({', '.join(clocks.get('unpinned') or []) or 'unknown'} still scale)"
+    if clocks.get("emc_pinned") is False:
+        text += ", EMC not pinned"
+    if clocks.get("active_gpu_tpcs") is not None:
+        text += f", {clocks['active_gpu_tpcs']} GPU TPCs active"
+    return text
 
 
 def _run_tool(args: list[str], timeout: float = 10.0) -> tuple[str | None, str | None]:

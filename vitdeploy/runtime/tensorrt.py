@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..engine import fingerprint as fp
+from ..engine import portable
 from ..engine.versions import import_tensorrt
 from ..errors import DeviceError, UserError
 from .base import Runner, RunnerInfo, TensorInfo
@@ -44,12 +45,17 @@ class TensorRTRunner(Runner):
             raise DeviceError(f"TensorRT {trt.__version__} found no usable NVIDIA GPU; TensorRT engines run on the device they were built for") from None
         self.device = fp.query_device(device)
         fp.require_match(self.engine_dir, record, self.device, trt.__version__)
+        refit_from = portable.refit_graph(self.engine_dir, record) if record.get("strip_weights") else None
         # 3) only now deserialise
         self._rt = fp.cudart()
         fp.cuda_check(self._rt.cudaSetDevice(device), "cudaSetDevice")
+        if record.get("version_compatible"):
+            runtime.engine_host_code_allowed = True  # a version-compatible plan carries its lean runtime (host code)
         self.engine = runtime.deserialize_cuda_engine(plan_file.read_bytes())
         if self.engine is None:
             raise DeviceError(f"TensorRT could not deserialise {plan_file}; rebuild on this device with `vitdeploy build-engine`")
+        if refit_from is not None:  # a weight-stripped plan: its weights come from the bundle's graph, checked above
+            portable.refit_engine(trt, self.engine, refit_from, self._logger)
         self.context = self.engine.create_execution_context()
         self._trt = trt
         self._runtime = runtime
@@ -70,6 +76,7 @@ class TensorRTRunner(Runner):
                 "compute_capability": self.device.compute_capability,
                 "precision_path": record.get("precision_path"),
                 "profiles": self._profiles,
+                "refitted_from": refit_from.name if refit_from is not None else None,
             },
         )
 
