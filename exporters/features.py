@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitdeploy.errors import UserError
+from vitdeploy.errors import UsageError, UserError
 
 from .sources import LoadedModel
 
@@ -58,10 +58,10 @@ def parse_outputs(text: str | tuple[str, ...] | list[str] | None) -> tuple[str, 
         return None
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t and t.strip()]
     if not items:
-        raise UserError(f"--outputs names no output; choose from {','.join(OUTPUTS)}")
+        raise UsageError(f"--outputs names no output; choose from {','.join(OUTPUTS)}")
     unknown = [t for t in items if t not in OUTPUTS]
     if unknown:
-        raise UserError(f"--outputs: unknown output {', '.join(unknown)}; choose any of {','.join(OUTPUTS)}")
+        raise UsageError(f"--outputs: unknown output {', '.join(unknown)}; choose any of {','.join(OUTPUTS)}")
     return tuple(o for o in OUTPUTS if o in items)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from bundle_edits import vouch_for
 from click.testing import CliRunner
 from onnx import numpy_helper
 
@@ -36,6 +37,7 @@ def _edit_graph(bundle_dir: Path, edit) -> None:
     model = onnx.load(str(path))
     edit(model)
     onnx.save(model, str(path))
+    vouch_for(bundle_dir)  # a planted export bug: the manifest vouches for the faulty graph
 
 
 def _set_const(model: onnx.ModelProto, node: onnx.NodeProto, index: int, values, name: str) -> None:

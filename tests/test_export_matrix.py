@@ -194,4 +194,5 @@ def test_trt8_lint_and_lowering(model, mode, checkpoints, export_cached, tmp_pat
         path = tmp_path / f"model.trt{key}.onnx"
         onnx.save(lowered, str(path))
         record = verify(source, path, "fp32", bundle, random_count=2)
-        assert all(g["value"] <= 1e-5 for g in record["gates"])
+        assert all(g["value"] <= 1e-5 for g in record["gates"] if "spread" not in g["name"])
+        assert all(g["passed"] for g in record["gates"])

@@ -83,6 +83,6 @@ def test_conflicting_options_are_refused(tmp_path):
     from vitdeploy.cli import main
 
     result = CliRunner().invoke(main, ["export", "-o", str(tmp_path / "b"), "--resize", "--dynamic-resolution"])
-    assert result.exit_code == 1 and "exclude each other" in result.output
+    assert result.exit_code == 2 and "exclude each other" in result.output  # usage
     result = CliRunner().invoke(main, ["export", "-o", str(tmp_path / "c"), "--precision", "int8"])
-    assert result.exit_code == 1 and "vitdeploy calibrate" in result.output
+    assert result.exit_code == 2 and "vitdeploy calibrate" in result.output

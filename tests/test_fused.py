@@ -110,7 +110,7 @@ def test_bare_onnx_and_unmatched_graphs_are_refused_in_one_line(digits_bundle, t
     res = CliRunner().invoke(main, ["convert", str(digits_bundle.root / "model.onnx"), "--target", "cpu"])
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "bundle folder" in res.output
     res = CliRunner().invoke(main, ["convert", str(digits_bundle.root)])
-    assert res.exit_code == 1 and "give one of --precision fp16 or --target cpu" in res.output
+    assert res.exit_code == 2 and "give one of --precision fp16 or --target cpu" in res.output  # usage
 
 
 def test_check_scores_the_fused_graph_against_pytorch_and_reexport_keeps_it(digits_bundle, copy_bundle):

@@ -150,20 +150,20 @@ def test_backbone_cli_says_so(tmp_path):
 
 
 # -- one-line errors ------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize("args, message, code", [
     (["timm:vit_small_patch14_reg4_dinov2", "--model-arg", "depth=1", "--model-arg", "img_size=28", "--outputs", "logits,embedding"],
-     "has no classification head"),
-    (["--outputs", "logits,features"], "unknown output features"),
-    (["--outputs", "logits", "--normalize-embedding"], "--normalize-embedding applies to the embedding output"),
-    (["--variable-size", "--canvas", "32", "--outputs", "embedding"], "not available with --variable-size"),
+     "has no classification head", 1),
+    (["--outputs", "logits,features"], "unknown output features", 2),
+    (["--outputs", "logits", "--normalize-embedding"], "--normalize-embedding applies to the embedding output", 2),
+    (["--variable-size", "--canvas", "32", "--outputs", "embedding"], "not available with --variable-size", 2),
 ])
-def test_bad_output_requests_are_one_line(tmp_path, args, message):
+def test_bad_output_requests_are_one_line(tmp_path, args, message, code):
     from click.testing import CliRunner
 
     from vitdeploy.cli import main as cli
 
     result = CliRunner().invoke(cli, ["export", *args, "-o", str(tmp_path / "b"), "--no-check"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == code, result.output
     assert message in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "b").exists()

@@ -116,7 +116,7 @@ def test_embed_cli_writes_npy(feat_bundle, tmp_path):
     assert result.exit_code == 0, result.output
     assert np.load(tmp_path / "g.npy").shape == (1, 64, 8, 8)
     result = CliRunner().invoke(main, ["embed", str(feat_bundle.root), str(tmp_path / "d0.png"), "-o", str(tmp_path / "g.bin")])
-    assert result.exit_code == 1 and "ending in .npy" in result.output
+    assert result.exit_code == 2 and "ending in .npy" in result.output  # usage
 
 
 def test_check_gates_every_output(feat_bundle, copy_bundle):
@@ -202,5 +202,6 @@ def test_check_on_a_backbone_bundle(export_cached):
     report = run_check(dino.root, CheckOptions(random_count=8, write_report=False))
     assert report["passed"], report["failures"]
     gates = {g["name"].split(" on ")[0] for g in report["artifacts"][0]["gates"]}
-    assert gates == {"max |dembedding|", "embedding cosine (worst image)", "max |dpatch_grid|", "patch_grid cosine (worst image)"}
+    assert gates == {"max |dembedding|", "max |dembedding| / spread across images", "embedding cosine (worst image)",
+                     "max |dpatch_grid|", "max |dpatch_grid| / spread across images", "patch_grid cosine (worst image)"}
     assert report["artifacts"][0]["batch_consistency"]["output"] == "embedding"

@@ -89,8 +89,14 @@ def test_unreadable_file_is_one_line_and_exit_1(bundle, images, tmp_path):
     bad.write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg")
     result = run(bundle.root, folder / "top.png", bad)
     assert result.exit_code == 1
-    assert result.output.strip().splitlines()[-1].startswith("error: cannot read image")
-    assert "broken.jpg" in result.output and "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]]  # one error line, last
+    assert lines[-1].startswith("error: 1 of 2 images could not be read (first: ") and "broken.jpg" in lines[-1]
+    assert any(line.startswith(f"{bad}: not classified: cannot read image") for line in lines)  # named in its place
+    assert any(line.startswith(str(folder / "top.png") + ": ") and "not classified" not in line for line in lines)
+    assert "Traceback" not in result.output
+    strict = run(bundle.root, folder / "top.png", bad, "--strict")
+    assert strict.exit_code == 1 and strict.output.strip().splitlines()[-1].startswith("error: cannot read image")
     for args, what in [
         ((tmp_path / "no-bundle", folder / "top.png"), "does not exist"),
         ((bundle.root, tmp_path / "missing.png"), "does not exist"),

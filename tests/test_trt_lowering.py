@@ -9,6 +9,7 @@ import shutil
 
 import onnx
 import pytest
+from bundle_edits import vouch_for
 from click.testing import CliRunner
 
 from vitdeploy.bundle import Bundle
@@ -62,7 +63,8 @@ def test_lint_finds_and_lowering_removes_what_8x_cannot_parse(digits3, precision
         assert record["verification"]["passed"] and record["rewrites"]["Gelu -> Erf form"] == ops["Gelu"]
         gates = {g["name"]: g for g in record["verification"]["gates"]}
         if precision == "fp32":
-            assert all(g["value"] <= 1e-5 for g in gates.values())
+            assert all(g["value"] <= 1e-5 for name, g in gates.items() if "spread" not in name)
+            assert all(g["passed"] for g in gates.values())  # and within 1% of PyTorch's spread across the images
         else:
             assert gates["accuracy drop on digits:test"]["passed"] and gates["top-1 agreement on digits:test"]["passed"]
         if precision == "int8":  # Q/DQ placement and per-channel axes untouched
@@ -127,6 +129,7 @@ def test_a_build_refuses_an_unparsable_graph_before_tensorrt(digits3, tmp_path, 
     resize = next(n for n in model.graph.node if n.op_type == "Transpose")
     resize.domain = "com.example"  # a node no parser has an importer for
     onnx.save(model, str(root / "model.onnx"))
+    vouch_for(root)
     monkeypatch.setattr(service, "_capabilities", lambda request, need_live: (capabilities_for("8.6"), object()))
     monkeypatch.setattr(service, "_build", lambda *a: pytest.fail("TensorRT must not be called"))
     with pytest.raises(UserError, match=r"cannot parse model.onnx: .*no importer for com.example::Transpose.*nothing was built"):

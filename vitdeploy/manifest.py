@@ -74,8 +74,8 @@ def validate_core(manifest: Any, where: str) -> dict[str, Any]:
     for key in ("image_size", "patch_size"):
         _size(where, f"spec.{key}", _need(where, spec, key, list, "spec."))
     for key in ("embed_dim", "depth", "num_heads", "num_classes"):
-        if _need(where, spec, key, int, "spec.") <= 0:
-            _fail(where, f"spec.{key}", f"should be a positive integer, not {spec[key]!r}")
+        if _need(where, spec, key, int, "spec.") < (0 if key == "num_classes" else 1):  # 0 classes: a backbone
+            _fail(where, f"spec.{key}", f"should be a {'non-negative' if key == 'num_classes' else 'positive'} integer, not {spec[key]!r}")
     try:
         ViTSpec.from_dict(spec)
     except (TypeError, ValueError, UserError) as exc:

@@ -55,11 +55,12 @@ def command(bundle: str, images: tuple[str, ...], top_k: int, as_json: bool, pre
         echo_json(results)
     else:
         click.echo(f"# {about['backend']} {about['precision']} on {about['device']}, input {about['input_size'][0]}x{about['input_size'][1]}", err=True)
-        for item in results:
+        for item in results:  # one line per image: its top-k, or why it has none
             if "error" in item:
-                click.echo(f"error: {item['error']} (skipped)", err=True)
+                click.echo(f"{item['image']}: not classified: {item['error']}")
                 continue
             tops = ", ".join(f"{t['label']} {t['prob']:.4f}" for t in item["top"])
             click.echo(f"{item['image']}: {tops}")
     if failed:
-        raise UserError(f"{len(failed)} of {len(results)} images could not be read (named above); --strict stops at the first")
+        raise UserError(f"{len(failed)} of {len(results)} images could not be read (first: {failed[0]['image']}); "
+                        "the others were classified; --strict stops at the first")

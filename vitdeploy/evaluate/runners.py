@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..bundle import Bundle
-from ..errors import UserError, VitDeployError
+from ..errors import UsageError, UserError, VitDeployError
 from ..runtime.base import Runner
 
 
@@ -124,7 +124,7 @@ def check_precisions(bundle: Bundle, precisions: list[str] | None) -> list[str]:
     out = []
     for p in precisions:
         if p not in ("fp32", "fp16", "int8"):
-            raise UserError(f"unknown precision {p!r}; choose from fp32, fp16, int8")
+            raise UsageError(f"unknown precision {p!r}; choose from fp32, fp16, int8")
         bundle.artifact_path(p)  # one line saying how to make a missing graph
         if p not in out:
             out.append(p)

@@ -139,11 +139,11 @@ def _choose(values: list[str], allowed: tuple[str, ...], what: str) -> list[str]
     for v in values:
         v = v.strip().lower()
         if v not in allowed:
-            raise UserError(f"unknown {what} {v!r}; choose from {', '.join(allowed)}")
+            raise UsageError(f"unknown {what} {v!r}; choose from {', '.join(allowed)}")
         if v not in out:
             out.append(v)
     if not out:
-        raise UserError(f"no {what} given; choose from {', '.join(allowed)}")
+        raise UsageError(f"no {what} given; choose from {', '.join(allowed)}")
     return out
 
 
@@ -172,7 +172,7 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
     spec = bundle.spec
     backends = _choose(config.backends, BACKENDS, "backend")
     if config.device not in DEVICES:
-        raise UserError(f"unknown device {config.device!r}; choose from {', '.join(DEVICES)}")
+        raise UsageError(f"unknown device {config.device!r}; choose from {', '.join(DEVICES)}")
     present = bundle.precisions()
     precisions = _choose(config.precisions, PRECISIONS, "precision") if config.precisions else list(present)
     variable = bundle.variable_size  # (images in a canvas, valid_hw): cells by canvas and fill ratio
@@ -182,7 +182,7 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
 
         fills = list(parse_fills(config.fills if config.fills is not None else DEFAULT_FILLS))
     elif config.fills is not None:
-        raise UsageError("--fill applies to variable-size bundles (export --variable-size --canvas HxW); this graph takes one input size")
+        raise UserError("--fill applies to variable-size bundles (export --variable-size --canvas HxW); this graph takes one input size")
     resolutions = config.resolutions or [tuple(variable["canvas"]) if variable else tuple(spec.image_size)]
     for h, w in resolutions:
         spec.grid(h, w)  # one clear line naming the nearest valid sizes
