@@ -41,6 +41,7 @@ class Exclusions:
     op_types: tuple[str, ...] = ()
     blocks: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()  # node names (what debug-precision's one-at-a-time trials keep in float)
 
     def __post_init__(self) -> None:
         bad_ops = [op for op in self.op_types if op not in QUANTIZABLE_OPS]
@@ -57,11 +58,14 @@ class Exclusions:
 
     @property
     def label(self) -> str:
-        parts = [*(f"op:{o}" for o in self.op_types), *self.blocks, *self.roles]
+        parts = [*(f"op:{o}" for o in self.op_types), *self.blocks, *self.roles] + ([f"{len(self.nodes)} nodes"] if self.nodes else [])
         return ", ".join(parts) if parts else "none"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op_types": list(self.op_types), "blocks": list(self.blocks), "roles": list(self.roles)}
+        out = {"op_types": list(self.op_types), "blocks": list(self.blocks), "roles": list(self.roles)}
+        if self.nodes:
+            out["nodes"] = list(self.nodes)
+        return out
 
 
 @dataclass
@@ -265,6 +269,11 @@ def resolve(model: Any, graph_meta: dict[str, Any], exclusions: Exclusions) -> d
             by[block] = sorted(name for name in names if name in candidates)
     for role in exclusions.roles:
         by[role] = sorted(name for name in role_nodes(model, role, index) if name in candidates)
+    if exclusions.nodes:
+        missing = [n for n in exclusions.nodes if n not in candidates]
+        if missing:
+            raise UserError(f"{', '.join(missing[:3])}: not a MatMul/Gemm/Conv node of this graph")
+        by["nodes"] = sorted(exclusions.nodes)
     nodes = sorted({name for names in by.values() for name in names})
     unnamed = [n for n in candidates.values() if not n.name]
     if unnamed:

@@ -73,8 +73,8 @@ class Candidate:
             "smoothing": self.recipe.smoothing.to_dict() if self.recipe.smoothing is not None else None,
             "excluded_nodes": len(self.quantization["excluded_nodes"]),
             "int8_layers": self.int8_layers,
-            "reference": {k: self.scores["reference"][k] for k in ("accuracy", "top1_agreement", "cosine_min", "cosine_p1")},
-            "this_cpu": {k: self.scores["this_cpu"][k] for k in ("accuracy", "top1_agreement", "cosine_min", "cosine_p1")},
+            **{execution: {k: self.scores[execution][k] for k in ("accuracy", "top1_agreement", "cosine_min", "cosine_p1")}
+               for execution in ("reference", "this_cpu") if execution in self.scores},
             "latency_ms_batch1": None if self.latency_ms != self.latency_ms else round(self.latency_ms, 3),
             "passed": self.passed,
             "failures": self.failures,
@@ -85,7 +85,8 @@ def merge(user: Exclusions, preset: Exclusions) -> Exclusions:
     def union(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(a + b))
 
-    return Exclusions(union(user.op_types, preset.op_types), union(user.blocks, preset.blocks), union(user.roles, preset.roles))
+    return Exclusions(union(user.op_types, preset.op_types), union(user.blocks, preset.blocks), union(user.roles, preset.roles),
+                      union(user.nodes, preset.nodes))
 
 
 class Trials:
@@ -100,6 +101,7 @@ class Trials:
         self.fp32_logits, self.fp32_accuracy, self.target = fp32_logits, fp32_accuracy, target
         self.manifest, self.workdir, self.gate, self.threads = manifest, workdir, gate, threads
         self.measure_latency, self.log, self.progress = measure_latency, log, progress
+        self.executions: tuple[str, ...] | None = None  # None: both; debug-precision scores the gated one only
         self.execution = GATED_EXECUTION[target]
         self.ranges: dict[tuple[str, Smoothing | None], tuple[Path, dict[str, Any]]] = {}
         self.graphs: dict[Smoothing, tuple[Path, dict[str, Any]] | str] = {}  # smoothed graph + record, or why not
@@ -152,14 +154,15 @@ class Trials:
             return None
         ranges, calibration = self._ranges(recipe.method, recipe.smoothing)
         tag = f"-{recipe.smoothing.scope}-{recipe.smoothing.alpha:g}" if recipe.smoothing is not None else ""
-        out = self.workdir / f"{recipe.method}-{preset}{tag}.onnx"
+        safe = "".join(ch if ch.isalnum() or ch in "-+." else "_" for ch in preset)[:60]
+        out = self.workdir / f"{len(self.candidates):03d}-{recipe.method}-{safe}{tag}.onnx"
         quantization = quantize_graph(graph, out, ranges, recipe, self.manifest)
         key = (recipe.method, recipe.smoothing, tuple(quantization["excluded_nodes"]))
         if key in self.seen:  # e.g. "head" on a graph whose head the user already excluded
             out.unlink()
             return None
         self.seen.add(key)
-        result = score_graph(out, self.data, self.fp32_logits, self.threads)
+        result = score_graph(out, self.data, self.fp32_logits, self.threads, self.executions)
         passed, failures = self.gate.verdict(self.fp32_accuracy, result[self.execution])
         valid = self.data.valid_hw[:1] if self.data.valid_hw is not None else None
         latency = (latency_ms(out, self.data.images[:1], "all", runs=LATENCY_RUNS, threads=self.threads, valid_hw=valid)

@@ -44,9 +44,6 @@ from vitdeploy.lazy import require
 # Op types that always stay fp32 in a vitdeploy fp16 graph (see the module docstring for why).
 # Sin/Cos: rotary angles (EVA-02, RoPE ViTs) grow with the grid; timm computes them in fp32.
 ALWAYS_FP32_OPS = ("LayerNormalization", "Softmax", "Sin", "Cos")
-# Numeric sanity of a fresh conversion: seeded images through both graphs.
-SANITY_IMAGES = 8
-SANITY_SEED = 0
 
 
 def preprocessing_nodes(model: Any, patch_input: str | None = None) -> list[str]:
@@ -91,6 +88,8 @@ def convert_to_fp16(
     keep_fp32_ops: Sequence[str] = (),
     manifest: dict[str, Any] | None = None,
     keep_nodes: Sequence[str] = (),
+    range_feeds: list[dict[str, Any]] | None = None,
+    data_max: float = float("inf"),
 ) -> dict[str, Any]:
     """Write the fp16 mixed-precision version of the fp32 graph ``src`` to ``dst`` (atomically).
 
@@ -99,7 +98,8 @@ def convert_to_fp16(
     describes the conversion (stored with the artifact).
     """
     onnx = require("onnx", "the fp16 pass")
-    model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest, extra_nodes=tuple(keep_nodes))
+    model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest, extra_nodes=tuple(keep_nodes), range_feeds=range_feeds,
+                             data_max=data_max)
     with atomic_path(dst) as tmp:
         onnx.save(model, str(tmp))
     return record
@@ -117,6 +117,7 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
     anything: a graph that fails, NaN included, never lands in the bundle (CheckFailed).
     """
     onnx = require("onnx", "the fp16 pass")
+    from .fp16_gate import gate_fp16, numeric_sanity
     from .fp16_range import DEFAULT_DATA_MAX, describe, range_feeds
 
     src = bundle.artifact_path("fp32")
@@ -143,7 +144,6 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
             gate_sanity(record["sanity"], "fp16")
         else:
             record["sanity"] = numeric_sanity(src, tmp, bundle)
-        from .fp16_gate import gate_fp16
 
         # labelled range data gates accuracy too; the digits training split is gated on its test split
         labelled = eval_data or ("digits:test" if data == "digits:train" else data if data is not None and _labelled(data) else None)
@@ -252,38 +252,6 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
         "from_fp32_sha256": source_sha,
     }
     return converted, record
-
-
-def numeric_sanity(fp32_path: Path, fp16_path: Path, bundle: Bundle) -> dict[str, Any]:
-    """Seeded uint8 images through both graphs on ORT CPU: max |d logit| and top-1 agreement.
-
-    A quick record of what the conversion did to the numbers; task accuracy is `check`'s job.
-    """
-    from vitdeploy.preprocess import random_images
-    from vitdeploy.runtime.ort import OrtRunner
-
-    height, width = _input_size(bundle)
-    images = random_images(SANITY_IMAGES, height, width, seed=SANITY_SEED)
-    ref_all = OrtRunner(fp32_path, providers=["CPUExecutionProvider"]).infer(images)
-    name = "logits" if "logits" in ref_all else "embedding" if "embedding" in ref_all else next(iter(ref_all))  # a backbone graph
-    ref = ref_all[name]
-    got = OrtRunner(fp16_path, precision="fp16", providers=["CPUExecutionProvider"]).infer(images)[name]
-    return {
-        "images": SANITY_IMAGES,
-        "seed": SANITY_SEED,
-        "size": [height, width],
-        "output": name,
-        "max_abs_logit_diff": float(np.abs(ref.astype(np.float64) - got).max()),
-        "top1_agreement": float((ref.argmax(1) == got.argmax(1)).mean()),
-    }
-
-
-def _input_size(bundle: Bundle) -> tuple[int, int]:
-    pre = bundle.preprocessing
-    size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
-    if pre.get("in_graph_resize"):
-        size = pre["in_graph_resize"]["to"]
-    return int(size[0]), int(size[1])
 
 
 # -- inspection ------------------------------------------------------------------------------

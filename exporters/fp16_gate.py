@@ -28,6 +28,9 @@ from vitdeploy.bundle import Bundle
 from vitdeploy.errors import CheckFailed
 
 GATE_IMAGES = 32
+# the seeded record of a fresh conversion (max |d logit|, agreement), kept beside the gate's verdict
+SANITY_IMAGES = 8
+SANITY_SEED = 0
 
 
 def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str | None = None, threads: int | None = None) -> dict[str, Any]:
@@ -51,9 +54,7 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
     else:
         from vitdeploy.preprocess import random_images
 
-        from .fp16 import _input_size
-
-        images = random_images(GATE_IMAGES, *_input_size(bundle), seed=0)
+        images = random_images(GATE_IMAGES, *input_size(bundle), seed=0)
         ref = graph_outputs(fp32_path, images, "all", threads) if _has_logits(fp32_path) else None
         if ref is None:
             record["numbers"] = _numbers_any_output(fp32_path, fp16_path, images, failures, gate.min_cosine)
@@ -114,15 +115,12 @@ def device_overflow(fp32_path: Path, fp16_path: Path, bundle: Bundle, labelled: 
     exceed fp16's range on seeded images and up to OVERFLOW_IMAGES labelled ones."""
     from vitdeploy.lazy import require
 
-    from .fp16 import tensor_elem_types
-    from .fp16_range import FP16_MAX, NOISE_SEED, range_feeds, tensor_absmax
+    from .fp16_range import NOISE_SEED, range_feeds, tensor_absmax
 
     onnx = require("onnx", "the fp16 gate")
-    fp16_model = onnx.load(str(fp16_path))
     fp32_model = onnx.load(str(fp32_path))
-    kinds = tensor_elem_types(fp16_model)
     produced = {o for n in fp32_model.graph.node for o in n.output}
-    held = sorted(t for t, kind in kinds.items() if kind == onnx.TensorProto.FLOAT16 and t in produced)
+    held = sorted(t for t in fp16_tensors(onnx.load(str(fp16_path))) if t in produced)
     feeds, described = range_feeds(bundle, "__noise__", GATE_IMAGES)
     count = described["count"]
     if labelled is not None and len(labelled.images):
@@ -136,8 +134,25 @@ def device_overflow(fp32_path: Path, fp16_path: Path, bundle: Bundle, labelled: 
             feeds.append(feed)
         count += len(take)
     absmax = tensor_absmax(fp32_model, feeds, held, threads) if held else {}
-    over = sorted(({"tensor": t, "max_abs": v} for t, v in absmax.items() if v > FP16_MAX), key=lambda e: -e["max_abs"])
-    return {"images": count, "noise_seed": NOISE_SEED, "fp16_tensors": len(held), "tensors": over}
+    return {"images": count, "noise_seed": NOISE_SEED, "fp16_tensors": len(held), "tensors": overflowing(held, absmax)}
+
+
+def fp16_tensors(model: Any) -> list[str]:
+    """Names of the tensors a graph holds in fp16."""
+    from vitdeploy.lazy import require
+
+    from .fp16 import tensor_elem_types
+
+    fp16 = require("onnx").TensorProto.FLOAT16
+    return [t for t, kind in tensor_elem_types(model).items() if kind == fp16]
+
+
+def overflowing(tensors: Any, absmax: dict[str, float]) -> list[dict[str, Any]]:
+    """The ``tensors`` whose measured fp32 max |x| is beyond fp16's range, largest first."""
+    from .fp16_range import FP16_MAX
+
+    over = [{"tensor": t, "max_abs": absmax[t]} for t in tensors if absmax.get(t, 0.0) > FP16_MAX]
+    return sorted(over, key=lambda e: -e["max_abs"])
 
 
 def _has_logits(path: Path) -> bool:
@@ -165,3 +180,35 @@ def _numbers_any_output(fp32_path: Path, fp16_path: Path, images: np.ndarray, fa
         elif not cos >= min_cosine:
             failures.append(f"{name} cosine on seeded images (1st percentile) {cos:.4f} < {min_cosine:g}")
     return out
+
+
+def numeric_sanity(fp32_path: Path, fp16_path: Path, bundle: Bundle) -> dict[str, Any]:
+    """Seeded uint8 images through both graphs on ORT CPU: max |d logit| and top-1 agreement.
+
+    A quick record of what the conversion did to the numbers; task accuracy is `check`'s job.
+    """
+    from vitdeploy.preprocess import random_images
+    from vitdeploy.runtime.ort import OrtRunner
+
+    height, width = input_size(bundle)
+    images = random_images(SANITY_IMAGES, height, width, seed=SANITY_SEED)
+    ref_all = OrtRunner(fp32_path, providers=["CPUExecutionProvider"]).infer(images)
+    name = "logits" if "logits" in ref_all else "embedding" if "embedding" in ref_all else next(iter(ref_all))  # a backbone graph
+    ref = ref_all[name]
+    got = OrtRunner(fp16_path, precision="fp16", providers=["CPUExecutionProvider"]).infer(images)[name]
+    return {
+        "images": SANITY_IMAGES,
+        "seed": SANITY_SEED,
+        "size": [height, width],
+        "output": name,
+        "max_abs_logit_diff": float(np.abs(ref.astype(np.float64) - got).max()),
+        "top1_agreement": float((ref.argmax(1) == got.argmax(1)).mean()),
+    }
+
+
+def input_size(bundle: Bundle) -> tuple[int, int]:
+    pre = bundle.preprocessing
+    size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
+    if pre.get("in_graph_resize"):
+        size = pre["in_graph_resize"]["to"]
+    return int(size[0]), int(size[1])

@@ -38,7 +38,7 @@ def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tup
     else seeded uint8 noise at the input size (recorded as such: real images may reach further)."""
     from vitdeploy.calibration.sources import default_source, open_source
 
-    from .fp16 import _input_size
+    from .fp16_gate import input_size
 
     name = None if spec == "__noise__" else (spec or default_source(bundle))
     images = valid = None
@@ -64,7 +64,7 @@ def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tup
         else:
             from vitdeploy.preprocess import random_images
 
-            images = random_images(min(count, NOISE_IMAGES), *_input_size(bundle), seed=NOISE_SEED)
+            images = random_images(min(count, NOISE_IMAGES), *input_size(bundle), seed=NOISE_SEED)
         record = {"source": "seeded uint8 noise" + (" (no range data given: pass --data for real images)" if spec != "__noise__" else ""),
                   "count": int(len(images)), "seed": NOISE_SEED}
     feeds = []
