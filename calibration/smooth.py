@@ -298,7 +298,7 @@ def _own_initializer(model: Any, inits: dict[str, Any], readers: dict[str, int],
     clone.CopyFrom(inits[name])
     clone.name = copy_name
     model.graph.initializer.append(clone)
-    inits[copy_name] = clone
+    inits[copy_name] = model.graph.initializer[-1]  # append() copies the message: keep the graph's own
     readers[name] -= 1
     readers[copy_name] = 1
     node.input[slot] = copy_name

@@ -76,9 +76,9 @@ def plant_outliers(model: Any, factor: float = DEFAULT_OUTLIER_FACTOR, channels:
 
     from vitdeploy.errors import UserError
 
-    _check_layout(model)
     if not _is_power_of_two(factor):
         raise UserError(f"outlier factor {factor:g} is not a power of two: the edit would no longer be exact in fp32")
+    _check_layout(model)
     depth = len(model.blocks)
     chosen = list(range(depth)) if blocks is None else [int(b) for b in blocks]
     bad = [b for b in chosen if not 0 <= b < depth]
@@ -110,9 +110,9 @@ def plant_massive_residual(model: Any, factor: float = DEFAULT_MASSIVE_FACTOR) -
 
     from vitdeploy.errors import UserError
 
-    _check_layout(model)
     if not _is_power_of_two(factor):
         raise UserError(f"massive factor {factor:g} is not a power of two: the edit would no longer be exact in fp32")
+    _check_layout(model)
     norm_pre = getattr(model, "norm_pre", None)
     if isinstance(norm_pre, torch.nn.LayerNorm):
         raise UserError("the model normalises the stream before the blocks (norm_pre): scaling the patch embedding would not reach the stream")

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.bundle import Bundle
-from vitdeploy.errors import CheckFailed
+from vitdeploy.errors import CheckFailed, MissingDependencyError
 
 GATE_IMAGES = 32
 # the seeded record of a fresh conversion (max |d logit|, agreement), kept beside the gate's verdict
@@ -71,7 +71,7 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
     if not failures and _has_logits(fp32_path):
         try:
             labelled = load_eval_data(bundle, eval_spec)
-        except ImportError:
+        except (ImportError, MissingDependencyError):
             if eval_spec is not None:
                 raise
             labelled = None  # the default split needs scikit-learn (absent on a device): numbers only

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from vitdeploy.errors import MissingDependencyError
 from vitdeploy.lazy import require
 
 FP16_MAX = 65504.0
@@ -46,7 +47,7 @@ def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tup
     if name is not None:
         try:
             source = open_source(name, bundle, count)
-        except ImportError:
+        except (ImportError, MissingDependencyError):
             if spec is not None:
                 raise
             source = None  # the default split needs scikit-learn (absent on a device): fall back to noise
