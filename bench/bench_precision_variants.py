@@ -109,7 +109,6 @@ def fp16_rows(bundle: Bundle, work: Path, ref: np.ndarray, labels: np.ndarray) -
 def int8_rows(bundle: Bundle, work: Path, ref: np.ndarray, labels: np.ndarray) -> list[dict[str, Any]]:
     from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
     from vitdeploy.calibration.evaluate import Gate, graph_outputs, load_eval_data
-    from vitdeploy.calibration.exclusions import Exclusions
     from vitdeploy.calibration.qdq import Recipe
     from vitdeploy.calibration.smooth import Smoothing
     from vitdeploy.calibration.sources import open_source

@@ -34,7 +34,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 
 from vitdeploy.bundle import ARTIFACT_FILES, METADATA_KEY, Bundle, embed_manifest
 from vitdeploy.errors import InternalError, UserError

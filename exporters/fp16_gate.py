@@ -47,7 +47,7 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
         record["numbers"] = sanity
         if not sanity["finite"] or not sanity["edge_finite"]:
             failures.append("non-finite outputs" + ("" if sanity["finite"] else " on a padded mixed-size batch")
-                            + ("" if sanity["edge_finite"] else f" on edge valid_hw rows"))
+                            + ("" if sanity["edge_finite"] else " on edge valid_hw rows"))
         for name, stats in sanity["outputs"].items():
             if not stats["cosine_p1"] >= gate.min_cosine:
                 failures.append(f"{name} cosine (1st percentile of rows) {stats['cosine_p1']:.4f} < {gate.min_cosine:g}")

@@ -45,9 +45,9 @@ def resolve_keep(model: Any, graph_meta: dict[str, Any], items: Sequence[str]) -
             chosen = with_bias if chosen is None else chosen & with_bias
         nodes[item] = sorted(chosen)
     if unknown:
-        raise UserError(f"--keep-fp32 {', '.join(unknown)}: neither an op type of the graph ({', '.join(sorted(present))}) nor a "
-                        f"module ({', '.join(list(modules)[:6])}{', ...' if len(modules) > 6 else ''}), a role ({', '.join(ROLE_ORDER)}) "
-                        f"or MODULE{CELL_SEP}ROLE")
+        shown = ", ".join(list(modules)[:6]) + (", ..." if len(modules) > 6 else "")
+        raise UserError(f"--keep-fp32 names what is not in the graph: {', '.join(unknown)} is neither an op type "
+                        f"({', '.join(sorted(present))}) nor a module ({shown}), a role ({', '.join(ROLE_ORDER)}) or MODULE{CELL_SEP}ROLE")
     return op_types, nodes
 
 
