@@ -13,9 +13,10 @@ residual stream x 8192; a planted fault in blocks.2, K=512), exported by vitdepl
   (layernorm, all; alpha 0.5), and the default ``calibrate`` ladder's choice; scored in reference
   semantics (ORT fake-quant, what TensorRT computes): accuracy, top-1 agreement, logit cosine p1,
   INT8 layer count, gate verdict;
-* ModelOpt 0.47 ``python -m modelopt.onnx.quantization --quantize_mode int8`` (entropy and max) on
-  the same fp32 graph and the same 512 images (run from a separate venv, ``--modelopt-python``;
-  ``--calibration_eps cpu``), scored the same way;
+* ModelOpt 0.47 ``python -m modelopt.onnx.quantization --quantize_mode int8`` (entropy and max; what
+  it does not quantize in fp16, its default, and in fp32) on the same fp32 graph and the same 512
+  images (run from a separate venv, ``--modelopt-python``; ``--calibration_eps cpu``), scored the
+  same way;
 * CPU latency (ORT "all", 1 thread, batch 1 and 8): every graph of a bundle timed round-robin in one
   process, ``--rounds`` times; the table gives the range of the per-round medians.
 
@@ -166,19 +167,21 @@ def modelopt_rows(bundle: Bundle, work: Path, python: str | None, ref: np.ndarra
     source = open_source("digits:train", bundle, SAMPLES)
     np.savez(calib, images=source.images)
     rows = []
-    for method in ("entropy", "max"):
-        out = work / f"{bundle.root.name}-modelopt-{method}.onnx"
+    # ModelOpt's default keeps what it does not quantize in fp16 (--high_precision_dtype fp16); fp32 isolates its INT8
+    for method, high in (("entropy", "fp16"), ("max", "fp16"), ("entropy", "fp32"), ("max", "fp32")):
+        out = work / f"{bundle.root.name}-modelopt-{method}-{high}.onnx"
         start = time.perf_counter()
         cmd = [python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(bundle.artifact_path("fp32")), "--quantize_mode", "int8",
-               "--calibration_method", method, "--calibration_data_path", str(calib), "--calibration_eps", "cpu", "--output_path", str(out)]
+               "--calibration_method", method, "--calibration_data_path", str(calib), "--calibration_eps", "cpu", "--output_path", str(out),
+               "--high_precision_dtype", high]
         done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
         seconds = round(time.perf_counter() - start, 1)
         if done.returncode != 0 or not out.is_file():
-            rows.append({"graph": f"ModelOpt int8 {method}", "refused": (done.stderr or done.stdout).strip().splitlines()[-1][:160]})
+            rows.append({"graph": f"ModelOpt int8 {method} (rest {high})", "refused": (done.stderr or done.stdout).strip().splitlines()[-1][:160]})
             continue
         s = score(out, ref, labels)
         passed, _ = Gate().verdict(float((ref.argmax(1) == labels).mean()), {**s, "cosine_min": s["cosine_p1"]})
-        rows.append({"graph": f"ModelOpt 0.47 int8 {method}", "path": str(out), **s, "int8_layers": _qdq_layers(out), "passed": passed,
+        rows.append({"graph": f"ModelOpt 0.47 int8 {method} (rest {high})", "path": str(out), **s, "int8_layers": _qdq_layers(out), "passed": passed,
                      "calibration_images": len(source), "calibration_sha256": source.sha256[:12], "seconds": seconds})
     return rows
 

@@ -14,8 +14,8 @@ that share the input. Where that input is a LayerNorm's output (``norm1`` -> ``a
 LayerNorm's gamma and beta and s into the weight rows: no new node, the graph TensorRT parses has
 the same shape (scope ``layernorm``). Where no LayerNorm precedes (``attn.proj`` after the attention
 merge, ``mlp.fc2`` after GELU), scope ``all`` adds an explicit per-channel ``Mul`` by 1/s in front of
-the layer (a constant pointwise op next to the pointwise GELU or the head merge; the reference
-implementation in PyTorch does the same with a scaling module).
+the layer (a constant pointwise op next to the pointwise GELU or the head merge, which a compiler
+can fuse; whether TensorRT does was not measured here, so the ladder tries ``layernorm`` first).
 
 The pass is verified before anything uses it: the smoothed fp32 graph and the original run on the
 calibration images and every output must agree to ``VERIFY_RTOL`` relative (max |d| over max |ref|);

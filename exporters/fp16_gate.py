@@ -86,7 +86,7 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
         if not task["finite"]:
             task_failures.insert(0, f"non-finite outputs on {labelled.name}")
         record["task"] = {**labelled.record, "fp32_accuracy": fp32_acc, **task}
-        failures.extend(task_failures)
+        failures.extend(f"{f} on {labelled.name}" for f in task_failures)
     elif labelled is None:
         record["task"] = None  # no labelled data: numbers only (check --data gates accuracy later)
     if not failures:
@@ -100,8 +100,7 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
     record["passed"] = not failures
     record["failures"] = failures
     if failures:
-        where = f" on {labelled.name}" if labelled is not None and labelled.labels is not None and record.get("task") else ""
-        raise CheckFailed(f"the fp16 graph fails the gate{where}: {'; '.join(failures)}; nothing was written - keep more in fp32 "
+        raise CheckFailed(f"the fp16 graph fails the gate: {'; '.join(failures)}; nothing was written - keep more in fp32 "
                           "(--keep-fp32 OPS/MODULES, a lower --data-max) or find what must stay fp32 with "
                           "`vitdeploy debug-precision BUNDLE --precision fp16`")
     return record

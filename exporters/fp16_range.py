@@ -150,17 +150,20 @@ def overflow_nodes(model: Any, feeds: list[dict[str, np.ndarray]], data_max: flo
         if reason is not None:
             kept.append({"node": node.name, "op_type": node.op_type, "reason": reason[0], "tensor": reason[1],
                          "max_abs": reason[2]})
-    peak_tensor = max(absmax, key=absmax.get) if absmax else None
+    # the largest value among what would be fp16 (the preprocessing's 0..255 and LayerNorm inputs are fp32 anyway)
+    candidates = {o: absmax[o] for n in model.graph.node if n.name not in already_fp32 for o in n.output if o in absmax}
+    peak_tensor = max(candidates, key=candidates.get) if candidates else None
     return {"nodes": [k["node"] for k in kept], "kept": kept, "data_max": data_max, "init_max": FP16_MAX,
-            "tensors_measured": len(absmax), "peak": {"tensor": peak_tensor, "max_abs": absmax.get(peak_tensor, 0.0) if peak_tensor else 0.0}}
+            "tensors_measured": len(absmax), "peak": {"tensor": peak_tensor, "max_abs": candidates.get(peak_tensor, 0.0) if peak_tensor else 0.0}}
 
 
 def describe(range_record: dict[str, Any], limit: int = 6) -> str:
     """One line: how many nodes the range pass kept in fp32 and the largest of them."""
     kept = range_record["kept"]
     if not kept:
+        peak = range_record["peak"]
         return (f"range pass: no tensor above {range_record['data_max']:.0f} on {range_record['images']['count']} images "
-                f"(peak {range_record['peak']['max_abs']:.3g}); nothing extra kept in fp32")
+                f"(largest fp16 candidate {peak['tensor']}: {peak['max_abs']:.3g}); nothing extra kept in fp32")
     by_op: dict[str, int] = {}
     for k in kept:
         by_op[k["op_type"]] = by_op.get(k["op_type"], 0) + 1

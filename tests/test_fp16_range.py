@@ -140,3 +140,15 @@ def test_variable_size_fp16_runs_the_range_pass_on_padded_pairs(export_cached, c
     record = json.loads(result.output)
     assert record["range_pass"]["images"]["source"] == "digits:train" and record["gate"]["passed"]
     assert record["gate"]["numbers"]["kind"] == "variable-size invariance" and record["gate"]["task"]["top1_agreement"] >= 0.99
+
+
+@pytest.mark.slow
+def test_build_engine_makes_the_fp16_graph_through_the_range_pass(massive_bundle, copy_bundle) -> None:
+    """`build-engine --precision fp16` on a bundle without its fp16 graph makes it as convert does:
+    range pass, gate; the plan then compiles that graph (a dry run: no TensorRT here)."""
+    root = copy_bundle(massive_bundle)
+    result = CliRunner().invoke(main, ["build-engine", str(root), "--precision", "fp16", "--dry-run", "--trt-version", "10.3"])
+    assert result.exit_code == 0, result.output
+    assert "range pass: kept" in result.output
+    record = Bundle.open(root).artifact_record("fp16")
+    assert record["range_pass"]["nodes"] and record["gate"]["passed"] and not record["gate"]["overflow"]["tensors"]
