@@ -152,3 +152,32 @@ def test_build_engine_makes_the_fp16_graph_through_the_range_pass(massive_bundle
     assert "range pass: kept" in result.output
     record = Bundle.open(root).artifact_record("fp16")
     assert record["range_pass"]["nodes"] and record["gate"]["passed"] and not record["gate"]["overflow"]["tensors"]
+
+
+def test_range_rule_on_a_small_graph() -> None:
+    """The rule alone: a node stays fp32 when an output, a float input it reads, or a weight it reads
+    is beyond the threshold / fp16's range; already-fp32 nodes are not reported again."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vitdeploy.exporters.fp16_range import FP16_MAX, overflow_nodes
+
+    big = numpy_helper.from_array(np.array([1e5], dtype=np.float32), "big")
+    small = numpy_helper.from_array(np.array([2.0], dtype=np.float32), "small")
+    huge_w = numpy_helper.from_array(np.full((4, 4), 7e4, dtype=np.float32), "huge_w")
+    nodes = [helper.make_node("Mul", ["x", "small"], ["a"], name="scale_small"),       # |a| <= 2
+             helper.make_node("Mul", ["a", "big"], ["b"], name="scale_big"),           # |b| ~ 1e5: output
+             helper.make_node("Relu", ["b"], ["c"], name="reads_big"),                 # reads b: input (and output)
+             helper.make_node("Div", ["c", "big"], ["d"], name="back_down"),           # reads c: input
+             helper.make_node("MatMul", ["a", "huge_w"], ["e"], name="huge_weight"),   # weight past fp16's range
+             helper.make_node("Identity", ["d"], ["y"], name="out")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
+                               helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 4])], [big, small, huge_w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = [{"x": np.random.default_rng(0).uniform(-1, 1, (2, 4)).astype(np.float32)}]
+    found = overflow_nodes(model, feeds, data_max=FP16_MAX / 8)
+    why = {k["node"]: k["reason"] for k in found["kept"]}
+    assert why == {"scale_big": "output", "reads_big": "output", "back_down": "input", "huge_weight": "output"}
+    assert overflow_nodes(model, feeds, data_max=FP16_MAX / 8, already_fp32={"scale_big", "reads_big"})["nodes"] == ["back_down", "huge_weight"]
+    relaxed = overflow_nodes(model, feeds, data_max=1e6)
+    assert {k["node"]: k["reason"] for k in relaxed["kept"]} == {"scale_big": "weight", "back_down": "weight", "huge_weight": "weight"}
