@@ -43,7 +43,7 @@ def read_recipe(path: str | Path, precision: str) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f"{path} is not a vitdeploy precision recipe (expected \"format\": \"{FORMAT}\")")
     if data.get("precision") != precision:
-        raise UserError(f"{path} is a {data.get('precision')} recipe; this command takes a {precision} recipe")
+        raise UserError(f"{path} is a recipe for {data.get('precision')}; this command takes a recipe for {precision}")
     return data
 
 

@@ -175,6 +175,12 @@ def test_smoothing_on_timm_copies_shared_initializers_and_handles_gemm(export_ca
     smoothed = onnx.load(str(out))
     new_gammas = [n.input[1] for n in smoothed.graph.node if n.op_type == "LayerNormalization"]
     assert len(set(new_gammas)) == len(new_gammas) and len(set(gammas)) < len(gammas)
+    # the timm outlier variant computes what the plain one does (K = 64: exact in fp32)
+    outliers = export_timm(export_cached, timm_variants, "outliers")
+    images = np.load(_noise(tmp_path, bundle))[:4]
+    plain_logits = OrtRunner(bundle.artifact_path("fp32"), providers=["CPUExecutionProvider"]).infer(images)["logits"]
+    outlier_logits = OrtRunner(outliers.artifact_path("fp32"), providers=["CPUExecutionProvider"]).infer(images)["logits"]
+    assert float(np.abs(outlier_logits - plain_logits).max()) <= 1e-5 * float(np.abs(plain_logits).max())
 
 
 def _noise(tmp_path: Path, bundle: Bundle) -> Path:
@@ -213,7 +219,7 @@ def test_recipe_file_is_checked(tmp_path: Path) -> None:
     recipe = int8_recipe(read_recipe(path, "int8"))
     assert recipe.method == "minmax" and recipe.smoothing == Smoothing(0.6, "all")
     assert recipe.exclusions.blocks == ("blocks.2/qkv",) and recipe.exclusions.roles == ("head",)
-    with pytest.raises(UserError, match="is a int8 recipe"):
+    with pytest.raises(UserError, match="is a recipe for int8; this command takes a recipe for fp16"):
         read_recipe(path, "fp16")
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(UserError, match="not readable JSON"):
