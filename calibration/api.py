@@ -26,6 +26,7 @@ from vitdeploy.lazy import require
 from .evaluate import GATED_EXECUTION, Gate, graph_outputs, latency_ms, load_eval_data
 from .exclusions import Exclusions, resolve
 from .qdq import METHODS, MIN_SAMPLES, Recipe, check_sample_count, compute_ranges, quantize_graph
+from .smooth import DEFAULT_ALPHA, SCOPES, Smoothing
 from .sources import open_source
 
 DEFAULT_METHOD = "entropy"
@@ -45,6 +46,11 @@ class CalibrateOptions:
     sweep: bool = False
     sweep_methods: tuple[str, ...] = METHODS
     threads: int | None = None
+    # "auto": the ladder and the sweep try none, layernorm, all; a single recipe uses none.
+    # "none" | "layernorm" | "all": only that (calibration/smooth.py)
+    smoothing: str = "auto"
+    smooth_alpha: float = DEFAULT_ALPHA
+    recipe: Recipe | None = None  # --recipe FILE: exactly this recipe (method, target, exclusions, smoothing)
 
 
 def calibrate_bundle(
@@ -56,6 +62,16 @@ def calibrate_bundle(
 ) -> dict[str, Any]:
     """Calibrate, quantize, score and record ``model.int8.onnx``; returns its manifest record."""
     opts = options or CalibrateOptions()
+    if opts.recipe is not None:
+        from dataclasses import replace
+
+        opts = replace(opts, method=opts.recipe.method, target=opts.recipe.target, exclusions=opts.recipe.exclusions,
+                       smoothing=opts.recipe.smoothing.scope if opts.recipe.smoothing else "none",
+                       smooth_alpha=opts.recipe.smoothing.alpha if opts.recipe.smoothing else opts.smooth_alpha, sweep=False)
+    if opts.smoothing not in ("auto", "none") + SCOPES:
+        raise UserError(f"--smooth must be one of auto, none, {', '.join(SCOPES)}, got {opts.smoothing!r}")
+    Smoothing(opts.smooth_alpha)  # validates alpha
+    single_smoothing = Smoothing(opts.smooth_alpha, opts.smoothing) if opts.smoothing in SCOPES else None
     Recipe(opts.method or DEFAULT_METHOD, opts.target)  # validate method/target before any work
     for method in opts.sweep_methods if opts.sweep else ():
         Recipe(method, opts.target)
@@ -98,16 +114,27 @@ def calibrate_bundle(
     with tempfile.TemporaryDirectory(prefix="vitdeploy-int8.") as tmp:
         work = Path(tmp)
         selection: dict[str, Any] | None = None
+        smoothed: dict[str, Any] | None = None
         if data is None:  # nothing to score on: the one recipe, recorded as not measured
-            recipe = Recipe(methods[0], opts.target, opts.exclusions)
+            recipe = Recipe(methods[0], opts.target, opts.exclusions, single_smoothing)
+            base = fp32
+            if single_smoothing is not None:
+                from .smooth import smooth_graph
+
+                base = work / "smoothed.onnx"
+                smoothed = smooth_graph(fp32, base, source, single_smoothing, bundle.manifest, opts.threads)
+                log(f"smoothed {smoothed['layers_touched']} linear layers (alpha {single_smoothing.alpha:g}, {single_smoothing.scope})")
             ranges = work / "ranges.json"
-            calibration = compute_ranges(fp32, source, recipe.method, opts.target, ranges, progress)
+            calibration = compute_ranges(base, source, recipe.method, opts.target, ranges, progress)
             log(f"calibrated ({recipe.method}) in {calibration['seconds']:.1f} s")
             graph = work / "model.int8.onnx"
-            quantization = quantize_graph(fp32, graph, ranges, recipe, bundle.manifest)
+            quantization = quantize_graph(base, graph, ranges, recipe, bundle.manifest)
             evaluation = None
         else:
-            from .sweep import Trials, choice_rule, choose, render_table, run_ladder, run_sweep
+            from .sweep import SMOOTHING_SCOPES, Trials, choice_rule, choose, render_table, run_ladder, run_sweep, smoothing_options
+
+            scopes = SMOOTHING_SCOPES if opts.smoothing == "auto" else (opts.smoothing,)
+            smoothings = smoothing_options(scopes, opts.smooth_alpha)
 
             # logits, and the embedding when the bundle exports one: the gate reads both
             # variable-size bundles: the reference is each image alone (the invariance), candidates run mixed batches
@@ -116,7 +143,7 @@ def calibrate_bundle(
             trials = Trials(fp32, source, data, fp32_ref, fp32_accuracy, opts.target, bundle.manifest, work, opts.gate,
                             threads=opts.threads, measure_latency=(mode == "sweep"), log=log, progress=progress)
             if mode == "sweep":
-                run_sweep(trials, opts.exclusions, methods)
+                run_sweep(trials, opts.exclusions, methods, smoothings=smoothings)
                 best = choose(trials.candidates, opts.target)
                 fp32_ms = latency_ms(fp32, data.images[:1], "all", threads=opts.threads,
                                      valid_hw=data.valid_hw[:1] if data.valid_hw is not None else None)
@@ -126,26 +153,33 @@ def calibrate_bundle(
             elif mode == "ladder":
                 from .sweep import LADDER_PRESETS
 
-                best = run_ladder(trials, opts.exclusions, methods)
-                selection = {"mode": "ladder", "rule": f"first inside the gate of: exclusions {', '.join(LADDER_PRESETS)} x methods "
-                             f"{', '.join(methods)} (most INT8 layers first)"}
+                best = run_ladder(trials, opts.exclusions, methods, smoothings)
+                selection = {"mode": "ladder", "rule": f"first inside the gate of: exclusions {', '.join(LADDER_PRESETS)} x smoothing "
+                             f"{', '.join(scopes)} x methods {', '.join(methods)} (most INT8 layers first; smoothing before exclusions)"}
             else:
-                cand = trials.run(opts.exclusions.label, Recipe(methods[0], opts.target, opts.exclusions))
+                cand = trials.run(opts.exclusions.label, Recipe(methods[0], opts.target, opts.exclusions, single_smoothing))
                 best = cand if cand is not None and cand.passed else None
                 selection = {"mode": "single"}
             selection["candidates"] = [c.row() for c in trials.candidates]
             if best is None:
                 tried = trials.candidates[-1] if trials.candidates else None
                 why = "; ".join(tried.failures) if tried else "no candidate"
-                hint = {"single": "leave --method unset (calibrate then tries other methods and exclusions) or use --sweep",
-                        "ladder": "use --sweep to see every recipe, or more calibration images",
+                hint = {"single": "leave --method unset (calibrate then tries other methods, smoothing and exclusions), use --sweep, "
+                                  "or find the layers to keep in float with `vitdeploy debug-precision BUNDLE --precision int8`",
+                        "ladder": "use --sweep to see every recipe, `vitdeploy debug-precision BUNDLE --precision int8` to find "
+                                  "the layers to keep in float, or more calibration images",
                         "sweep": "try more calibration images or --exclude-blocks"}[mode]
                 raise CheckFailed(f"INT8 graph below the gate ({_gate_text(opts.gate)}, {execution} execution on {data.name}): "
                                   f"{why}; nothing was written - {hint}")
-            selection["chosen"] = {"method": best.recipe.method, "exclusions": best.preset}
+            selection["chosen"] = {"method": best.recipe.method, "exclusions": best.preset,
+                                   "smoothing": best.recipe.smoothing.to_dict() if best.recipe.smoothing else None}
+            if opts.recipe is not None:
+                selection["recipe_file"] = True
             if len(trials.candidates) > 1:
-                log(f"chose {best.recipe.method} / exclusions {best.preset} ({len(trials.candidates)} recipes tried)")
+                log(f"chose {best.recipe.method} / exclusions {best.preset} / smoothing {best.recipe.smoothing_label} "
+                    f"({len(trials.candidates)} recipes tried)")
             recipe, graph, calibration, quantization = best.recipe, best.path, best.calibration, best.quantization
+            smoothed = best.smoothing
             evaluation = _evaluation(data, fp32_accuracy, best.scores, opts.gate, execution)
 
         sanity = None
@@ -168,6 +202,8 @@ def calibrate_bundle(
             "method": recipe.method,
             "exclusions": {**recipe.exclusions.to_dict(), "nodes": quantization["excluded_nodes"], "by": quantization["excluded_by"]},
             "op_types_quantized": quantization["op_types_quantized"],
+            # SmoothQuant-style migration folded into the fp32 graph before calibration (None: plain graph)
+            "smoothing": smoothed,
             "calibration": {**source.record(), **calibration},
             "evaluation": evaluation,
             "placement": quantization["placement"],

@@ -149,10 +149,13 @@ def scores(logits: Any, labels: np.ndarray | None, fp32_logits: Any) -> dict[str
     }
 
 
-def score_graph(path: str | Path, data: EvalData, fp32_logits: np.ndarray, threads: int | None = None) -> dict[str, Any]:
-    """Accuracy and agreement of a Q/DQ graph in both executions."""
+def score_graph(path: str | Path, data: EvalData, fp32_logits: np.ndarray, threads: int | None = None,
+                executions: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Accuracy and agreement of a Q/DQ graph in both executions (or the ``executions`` named)."""
     out = {}
     for name, level in EXECUTIONS.items():
+        if executions is not None and name not in executions:
+            continue
         got = graph_outputs(path, data.images, level, threads, valid_hw=data.valid_hw)
         out[name] = {"optimization": level, **scores(got, data.labels, fp32_logits)}
     return out

@@ -39,6 +39,7 @@ from vitdeploy.lazy import require
 
 from .exclusions import QUANTIZABLE_OPS, Exclusions, resolve
 from .inspect import inspect_qdq_placement
+from .smooth import Smoothing
 from .sources import CalibrationSource
 
 METHODS = ("entropy", "minmax", "percentile")
@@ -107,6 +108,8 @@ class Recipe:
     method: str = "entropy"
     target: str = "tensorrt"
     exclusions: Exclusions = Exclusions()
+    # SmoothQuant-style migration applied to the fp32 graph before calibration (calibration/smooth.py)
+    smoothing: Smoothing | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -115,7 +118,12 @@ class Recipe:
             raise UserError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "target": self.target, "exclusions": self.exclusions.to_dict()}
+        return {"method": self.method, "target": self.target, "exclusions": self.exclusions.to_dict(),
+                "smoothing": self.smoothing.to_dict() if self.smoothing is not None else None}
+
+    @property
+    def smoothing_label(self) -> str:
+        return self.smoothing.label if self.smoothing is not None else "none"
 
 
 class _Batches:

@@ -26,6 +26,7 @@ from .onnx_export import (OPSET, export_graph, module_output_map, ort_difference
                           simplify_if_identical, strip_trace_metadata)
 from .regrid import make_dynamic, regrid_static
 from .sources import LoadedModel, load_source
+from .fp16_keep import fp16_summary
 from .verify import verify_export  # noqa: F401 - export() calls it through this module (tests patch it here)
 
 RANDOM_INIT_SEED = 0  # timm/HF models without a checkpoint are seeded so the reference can be rebuilt
@@ -45,6 +46,7 @@ class ExportOptions:
     interpolation: PosEmbedInterpolation = PosEmbedInterpolation()
     precisions: tuple[str, ...] = ("fp32",)
     keep_fp32: tuple[str, ...] = ()
+    fp16_data: str | None = None  # range images (and, labelled, the accuracy gate) of the fp16 graph
     simplify: bool = True
     check: bool = True
     check_images: int = 64
@@ -150,8 +152,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
             if "fp16" in opts.precisions:
                 from .fp16 import add_fp16_to_bundle
 
-                add_fp16_to_bundle(bundle, keep_fp32_ops=opts.keep_fp32)
-                log("wrote model.fp16.onnx (LayerNorm, Softmax and preprocessing kept in fp32)")
+                fp16 = Bundle.open(add_fp16_to_bundle(bundle, keep_fp32_ops=opts.keep_fp32, data=opts.fp16_data, log=log).parent)
+                log(fp16_summary(fp16.artifact_record("fp16")))
         return Bundle.open(out_dir)
 
     if not opts.simplify:

@@ -12,6 +12,13 @@ TensorRT 11 builds networks strongly typed, so FP16 has to be decided in the ONN
   graph also the ``valid_hw`` mask path (:mod:`.mask_path`: masks, the -30000 key bias, per-sample
   position tables, masked-mean weights, and the nodes where they join the image stream), and the
   graph is gated on the invariance before it is written (:mod:`.variable_precision`);
+* kept in fp32 because of the numbers (:mod:`.fp16_range`): every node whose values, measured on
+  range images through the fp32 graph, exceed a safety threshold of fp16's range (the residual
+  Adds and the layers that write a massive residual stream), and every module or ``MODULE/ROLE``
+  cell the user names (``--keep-fp32 blocks.3,blocks.2/mlp-fc2``, what ``debug-precision`` finds);
+* gated before it is written (:mod:`.fp16_gate`): finite outputs and the logit cosine on seeded
+  images, and with labelled data the accuracy, agreement and cosine gate of INT8 and ``check``;
+  a graph that fails is not written;
 * unchanged interface: the uint8 ``images`` input and the fp32 ``logits``/``probs`` outputs
   (``keep_io_types``), so a deployment swaps the file and nothing else.
 
@@ -25,9 +32,8 @@ import copy
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 
 from vitdeploy.bundle import ARTIFACT_FILES, METADATA_KEY, Bundle, embed_manifest
 from vitdeploy.errors import InternalError, UserError
@@ -37,9 +43,6 @@ from vitdeploy.lazy import require
 # Op types that always stay fp32 in a vitdeploy fp16 graph (see the module docstring for why).
 # Sin/Cos: rotary angles (EVA-02, RoPE ViTs) grow with the grid; timm computes them in fp32.
 ALWAYS_FP32_OPS = ("LayerNormalization", "Softmax", "Sin", "Cos")
-# Numeric sanity of a fresh conversion: seeded images through both graphs.
-SANITY_IMAGES = 8
-SANITY_SEED = 0
 
 
 def preprocessing_nodes(model: Any, patch_input: str | None = None) -> list[str]:
@@ -83,6 +86,9 @@ def convert_to_fp16(
     dst: str | Path,
     keep_fp32_ops: Sequence[str] = (),
     manifest: dict[str, Any] | None = None,
+    keep_nodes: Sequence[str] = (),
+    range_feeds: list[dict[str, Any]] | None = None,
+    data_max: float = float("inf"),
 ) -> dict[str, Any]:
     """Write the fp16 mixed-precision version of the fp32 graph ``src`` to ``dst`` (atomically).
 
@@ -91,39 +97,68 @@ def convert_to_fp16(
     describes the conversion (stored with the artifact).
     """
     onnx = require("onnx", "the fp16 pass")
-    model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest)
+    model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest, extra_nodes=tuple(keep_nodes), range_feeds=range_feeds,
+                             data_max=data_max)
     with atomic_path(dst) as tmp:
         onnx.save(model, str(tmp))
     return record
 
 
-def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = ()) -> Path:
+def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: str | None = None, eval_data: str | None = None,
+                       data_max: float | None = None, log: Callable[[str], None] | None = None, threads: int | None = None) -> Path:
     """Convert the bundle's fp32 graph, write ``model.fp16.onnx`` atomically and record it.
 
-    The new graph is loaded and run on seeded images before it replaces anything: a graph ONNX
-    Runtime cannot run never lands in the bundle.
+    ``keep_fp32_ops``: op types, modules (``blocks.3``), roles (``mlp-fc2``) or cells
+    (``blocks.2/mlp-fc2``) kept in fp32. ``data``: range images for the range pass (default: the
+    bundle's calibration split, else seeded noise); labelled ones (or ``eval_data``, default the
+    bundle's own test split) also gate accuracy. ``data_max``: the range pass threshold (None: fp16
+    max / 8; ``inf`` turns the pass off). The graph is gated (:mod:`.fp16_gate`) before it replaces
+    anything: a graph that fails, NaN included, never lands in the bundle (CheckFailed).
     """
     onnx = require("onnx", "the fp16 pass")
+    from .fp16_gate import gate_fp16, numeric_sanity
+    from .fp16_range import DEFAULT_DATA_MAX, describe, range_feeds
+
     src = bundle.artifact_path("fp32")
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; the fp16 pass writes into a bundle folder (export with -o DIR)")
+    limit = DEFAULT_DATA_MAX if data_max is None else float(data_max)
+    if not limit > 0:
+        raise UserError(f"--data-max must be positive (inf turns the range pass off), got {data_max}")
     dst = bundle.root / ARTIFACT_FILES["fp16"]
-    model, record = _convert(src, tuple(keep_fp32_ops), bundle.manifest)
+    feeds = images = None
+    if limit != float("inf"):
+        feeds, images = range_feeds(bundle, data)
+    model, record = _convert(src, tuple(keep_fp32_ops), bundle.manifest, range_feeds=feeds, data_max=limit, threads=threads)
+    if record.get("range_pass") is not None:
+        record["range_pass"]["images"] = images
+        if log is not None:
+            log(describe(record["range_pass"]))
     with atomic_path(dst) as tmp:
         onnx.save(model, str(tmp))
         if bundle.variable_size:
-            # the acceptance of a two-input graph is the invariance: gate it before it lands
             from .variable_precision import gate_sanity, variable_sanity
 
             record["sanity"] = variable_sanity(src, tmp, bundle)
             gate_sanity(record["sanity"], "fp16")
         else:
             record["sanity"] = numeric_sanity(src, tmp, bundle)
+
+        # labelled range data gates accuracy too; the digits training split is gated on its test split
+        labelled = eval_data or ("digits:test" if data == "digits:train" else data if data is not None and _labelled(data) else None)
+        record["gate"] = gate_fp16(src, tmp, bundle, labelled, threads)
     bundle.add_artifact("fp16", dst, record)
     return dst
 
 
-def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+def _labelled(spec: str) -> bool:
+    """Can ``spec`` give labels (digits splits, .npz with labels, DIR/<class>/...)? .npy cannot."""
+    return not str(spec).endswith(".npy")
+
+
+def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any] | None, extra_nodes: tuple[str, ...] = (),
+             range_feeds: list[dict[str, Any]] | None = None, data_max: float = float("inf"),
+             threads: int | None = None) -> tuple[Any, dict[str, Any]]:
     onnx = require("onnx", "the fp16 pass")
     float16 = require("onnxconverter_common.float16", "the fp16 pass")
     if not src.is_file():
@@ -136,12 +171,11 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
         raise UserError(f"{src} already holds float16 tensors; the fp16 pass starts from the fp32 graph (model.onnx)")
 
     present = sorted({n.op_type for n in model.graph.node})
-    user_ops = [op.strip() for op in keep_fp32_ops if op.strip()]
-    unknown = [op for op in user_ops if op not in present]
-    if unknown:
-        raise UserError(f"--keep-fp32 names op types that are not in the graph: {', '.join(unknown)} "
-                        f"(op types present: {', '.join(present)})")
+    items = [op.strip() for op in keep_fp32_ops if op.strip()]
     core = manifest if manifest is not None else _embedded_core(model)
+    from .fp16_keep import precision_counts, resolve_keep
+
+    user_ops, user_nodes = resolve_keep(model, (core or {}).get("graph") or {}, items)
     patch = ((core or {}).get("graph") or {}).get("patch_embed") or {}
     pre_nodes = preprocessing_nodes(model, patch.get("input"))
     # position machinery (exporters/position_nodes.py): the in-graph table/bias/sin-cos computation
@@ -158,8 +192,20 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
     taken = set(pre_nodes) | set(position_nodes)
     mask_nodes = [n for n in dict.fromkeys(mask.fp32_nodes) if n not in taken] if mask is not None else []
     block_ops = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(ALWAYS_FP32_OPS) | set(user_ops))
+    taken |= set(mask_nodes)
+    named = [n for n in dict.fromkeys([m for names in user_nodes.values() for m in names] + list(extra_nodes)) if n not in taken]
+    taken |= set(named)
+    range_record = None
+    range_nodes: list[str] = []
+    if range_feeds is not None:
+        # the numbers decide too: what overflows fp16 on the range images stays fp32 (exporters/fp16_range.py)
+        from .fp16_range import overflow_nodes
+
+        already = taken | {n.name for n in model.graph.node if n.op_type in block_ops}
+        range_record = overflow_nodes(model, range_feeds, data_max, already, threads)
+        range_nodes = range_record["nodes"]
     source_sha = sha256_file(src)
-    _prepare_initializers(model, set(pre_nodes) | set(position_nodes) | set(mask_nodes), set(block_ops))
+    _prepare_initializers(model, taken | set(range_nodes), set(block_ops))
 
     with warnings.catch_warnings(record=True) as caught:
         # the converter warns once per weight value it clamps to fp16's range; count them instead
@@ -168,7 +214,7 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
             model,
             keep_io_types=True,  # uint8 in, fp32 logits/probs out: the bundle's contract does not change
             op_block_list=block_ops,
-            node_block_list=pre_nodes + position_nodes + mask_nodes,
+            node_block_list=pre_nodes + position_nodes + mask_nodes + named + range_nodes,
         )
     clamped = sum(1 for w in caught if "truncated" in str(w.message))
     _drop_fp16_casts_on_outputs(converted)
@@ -177,7 +223,8 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
     if core is not None:
         fp16_core = copy.deepcopy(core)
         fp16_core.setdefault("graph", {})["precision"] = "fp16"
-        fp16_core["graph"]["fp16"] = {"kept_fp32_op_types": sorted(set(ALWAYS_FP32_OPS) | set(user_ops))}
+        fp16_core["graph"]["fp16"] = {"kept_fp32_op_types": sorted(set(ALWAYS_FP32_OPS) | set(user_ops)),
+                                      "kept_fp32_modules": sorted(user_nodes), "range_pass_nodes_fp32": len(range_nodes)}
         embed_manifest(converted, fp16_core)
     placement = inspect_fp16_placement(converted, extra_fp32_ops=user_ops, preprocessing=pre_nodes)
     if placement["violations"]:
@@ -190,47 +237,20 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
         "keep_io_types": True,
         "kept_fp32_op_types": sorted(set(ALWAYS_FP32_OPS) | set(user_ops)),
         "user_kept_fp32_op_types": user_ops,
+        # --keep-fp32 modules / roles / cells and the nodes they name (debug-precision's recipes)
+        "user_kept_fp32_modules": {item: len(names) for item, names in user_nodes.items()},
+        "keep_fp32": items,
+        "range_pass": range_record,
         "converter_default_block_list_in_graph": sorted(set(float16.DEFAULT_OP_BLOCK_LIST) & set(present)),
         "preprocessing_nodes_fp32": len(pre_nodes),
         "position_nodes_fp32": len(position_nodes),
         **({"mask_path": {**mask.summary(), "nodes_fp32": len(mask_nodes)}} if mask is not None else {}),
         "weights_clamped_to_fp16_range": clamped,
         "placement": {k: v for k, v in placement.items() if k != "violations"},
+        "nodes": precision_counts(converted),
         "from_fp32_sha256": source_sha,
     }
     return converted, record
-
-
-def numeric_sanity(fp32_path: Path, fp16_path: Path, bundle: Bundle) -> dict[str, Any]:
-    """Seeded uint8 images through both graphs on ORT CPU: max |d logit| and top-1 agreement.
-
-    A quick record of what the conversion did to the numbers; task accuracy is `check`'s job.
-    """
-    from vitdeploy.preprocess import random_images
-    from vitdeploy.runtime.ort import OrtRunner
-
-    height, width = _input_size(bundle)
-    images = random_images(SANITY_IMAGES, height, width, seed=SANITY_SEED)
-    ref_all = OrtRunner(fp32_path, providers=["CPUExecutionProvider"]).infer(images)
-    name = "logits" if "logits" in ref_all else "embedding" if "embedding" in ref_all else next(iter(ref_all))  # a backbone graph
-    ref = ref_all[name]
-    got = OrtRunner(fp16_path, precision="fp16", providers=["CPUExecutionProvider"]).infer(images)[name]
-    return {
-        "images": SANITY_IMAGES,
-        "seed": SANITY_SEED,
-        "size": [height, width],
-        "output": name,
-        "max_abs_logit_diff": float(np.abs(ref.astype(np.float64) - got).max()),
-        "top1_agreement": float((ref.argmax(1) == got.argmax(1)).mean()),
-    }
-
-
-def _input_size(bundle: Bundle) -> tuple[int, int]:
-    pre = bundle.preprocessing
-    size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
-    if pre.get("in_graph_resize"):
-        size = pre["in_graph_resize"]["to"]
-    return int(size[0]), int(size[1])
 
 
 # -- inspection ------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
         if "fp16" in opts.precisions:  # gated on the invariance as it is written (exporters/fp16.py)
             from .fp16 import add_fp16_to_bundle
 
-            add_fp16_to_bundle(Bundle(stage, manifest), keep_fp32_ops=opts.keep_fp32)
+            add_fp16_to_bundle(Bundle(stage, manifest), keep_fp32_ops=opts.keep_fp32, data=opts.fp16_data, log=log)
             log("wrote model.fp16.onnx (the valid_hw mask path, LayerNorm, Softmax and preprocessing kept in fp32)")
     return Bundle.open(out_dir)
 

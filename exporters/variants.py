@@ -80,7 +80,8 @@ def _add_precision(parent: Bundle, variant: Bundle, precision: str, log: Callabl
         from .fp16 import add_fp16_to_bundle
 
         record = parent.artifact_record("fp16")
-        add_fp16_to_bundle(variant, keep_fp32_ops=tuple(record.get("keep_fp32_ops") or ()))
+        # what the parent kept by name (op types, modules, cells); the range pass runs again on the variant
+        add_fp16_to_bundle(variant, keep_fp32_ops=tuple(record.get("keep_fp32") or record.get("user_kept_fp32_op_types") or ()))
         return
     if precision == "int8":
         from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
@@ -107,7 +108,11 @@ def _calibration_options(cls: Any, record: dict[str, Any]) -> Any:
         "data": cal.get("source"),
         "samples": cal.get("count"),
     }
-    known = {k: tuple(v) for k, v in excl.items() if k in Exclusions.__dataclass_fields__ and isinstance(v, (list, tuple))}
+    known = {k: tuple(v) for k, v in excl.items() if k in Exclusions.__dataclass_fields__ and k != "nodes" and isinstance(v, (list, tuple))}
     if known:
         kwargs["exclusions"] = Exclusions(**known)
+    smoothing = record.get("smoothing")  # the parent's smoothing, re-measured on the variant's activations
+    kwargs["smoothing"] = smoothing["scope"] if smoothing else "none"
+    if smoothing:
+        kwargs["smooth_alpha"] = smoothing["alpha"]
     return cls(**{k: v for k, v in kwargs.items() if v is not None})

@@ -17,7 +17,7 @@ from vitdeploy.cli import main
 @pytest.mark.slow
 def test_sweep_on_digits_records_table_and_choice(digits_bundle, copy_bundle) -> None:
     root = copy_bundle(digits_bundle)
-    result = CliRunner().invoke(main, ["calibrate", str(root), "--sweep", "--sweep-methods", "minmax", "--samples", "64"])
+    result = CliRunner().invoke(main, ["calibrate", str(root), "--sweep", "--sweep-methods", "minmax", "--samples", "64", "--smooth", "none"])
     assert result.exit_code == 0, result.output
     assert "INT8 sweep" in result.output and "attention-matmuls" in result.output and "sweep chose minmax" in result.output
     record = Bundle.open(root).artifact_record("int8")

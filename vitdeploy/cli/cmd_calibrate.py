@@ -35,14 +35,25 @@ from .common import command, echo_json, split_csv
 @click.option("--min-agreement", type=float, default=0.99, show_default=True, help="Gate: smallest top-1 agreement with fp32 (0..1).")
 @click.option("--min-cosine", type=float, default=0.99, show_default=True,
               help="Gate: smallest per-image cosine similarity of the logits with fp32's (the gate of `vitdeploy check`).")
+@click.option("--smooth", "smooth", type=click.Choice(["auto", "none", "layernorm", "all"]), default="auto", show_default=True,
+              help="SmoothQuant-style migration of activation outliers into the weights before calibration: layernorm folds it into "
+                   "the LayerNorms' gamma/beta (no new node), all also puts a per-channel Mul before attn.proj and mlp.fc2. "
+                   "auto: the ladder and --sweep try none, layernorm, all (before excluding layers); --method alone uses none.")
+@click.option("--smooth-alpha", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
+              help="Migration strength alpha of the smoothing (SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1-alpha)).")
+@click.option("--recipe", "recipe_file", type=click.Path(dir_okay=False),
+              help="A recipe file from `vitdeploy debug-precision --precision int8`: exactly that method, target, smoothing and "
+                   "layers kept in float (no ladder), gated as usual.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime threads for calibration and scoring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the int8 record as JSON.")
 def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exclude_roles, sweep, sweep_methods, target, eval_data, eval_limit,
-            max_drop, min_agreement, min_cosine, threads, as_json):
+            max_drop, min_agreement, min_cosine, smooth, smooth_alpha, recipe_file, threads, as_json):
     """Write BUNDLE/model.int8.onnx: explicit Q/DQ on the linear layers, calibrated and measured.
 
     Q/DQ goes on the inputs of MatMul/Gemm/Conv (symmetric int8 activations, per-channel int8
-    weights); LayerNorm, Softmax, GELU and the residual adds stay float. The graph is scored on
+    weights); LayerNorm, Softmax, GELU and the residual adds stay float. Activation outliers (a few
+    LayerNorm channels tens of times larger, as in CLIP, DeiT, DINOv2) are migrated into the weights
+    by a smoothing pass verified function-preserving in fp32 (--smooth). The graph is scored on
     held-out images in reference semantics (fake-quant, what TensorRT computes) and as this CPU
     executes it, and is written only if it passes the gate of `vitdeploy check` (accuracy drop,
     top-1 agreement, worst logit cosine). The manifest records the data hash and count, method,
@@ -54,17 +65,33 @@ def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exc
       vitdeploy calibrate digits-bundle --sweep
       vitdeploy calibrate vits-bundle --data ./calib --eval-data ./val --method percentile --exclude-roles head
       vitdeploy calibrate vits-bundle --data calib.npy --target cpu
+      vitdeploy calibrate vits-bundle --data ./calib --eval-data ./val --smooth layernorm --smooth-alpha 0.6 --method entropy
+      vitdeploy calibrate vits-bundle --data ./calib --eval-data ./val --recipe vits-bundle/reports/precision-recipe-int8.json
     """
     from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
     from vitdeploy.calibration.evaluate import Gate
     from vitdeploy.calibration.exclusions import Exclusions
     from vitdeploy.console import get_console
 
+    recipe = None
+    if recipe_file is not None:
+        from vitdeploy.calibration.recipe_file import int8_recipe, read_recipe
+        from vitdeploy.errors import UserError
+
+        given = [flag for flag, value in (("--method", method), ("--exclude-op-types", exclude_op_types), ("--exclude-blocks", exclude_blocks),
+                                         ("--exclude-roles", exclude_roles), ("--sweep", sweep)) if value]
+        if smooth != "auto":
+            given.append("--smooth")
+        if given:
+            raise UserError(f"--recipe sets the method, smoothing and the layers kept in float; drop {', '.join(given)}")
+        recipe = int8_recipe(read_recipe(recipe_file, "int8"))
+        target = recipe.target
     options = CalibrateOptions(
         data=data, samples=samples, method=method, target=target, eval_data=eval_data, eval_limit=eval_limit, sweep=sweep,
         sweep_methods=tuple(split_csv(sweep_methods)),
         exclusions=Exclusions(tuple(split_csv(exclude_op_types)), tuple(split_csv(exclude_blocks)), tuple(split_csv(exclude_roles))),
         gate=Gate(max_drop_points=max_drop, min_agreement=min_agreement, min_cosine=min_cosine), threads=threads,
+        smoothing=smooth, smooth_alpha=smooth_alpha, recipe=recipe,
     )
     err = get_console(stderr=True)
     log = (lambda _m: None) if as_json else (lambda m: err.print(m, highlight=False))
@@ -132,9 +159,14 @@ def _summary(record: dict[str, Any]) -> str:
                      f"({variable['smallest'][0]}x{variable['smallest'][1]} to {variable['largest'][0]}x{variable['largest'][1]}); "
                      "scored as rows of padded mixed-size batches vs each image alone through fp32; the valid_hw mask path "
                      "has no Q/DQ; edge valid_hw rows give finite outputs")
+    smoothing = record.get("smoothing")
+    if smoothing:
+        lines.append(f"smoothing (alpha {smoothing['alpha']:g}, {smoothing['scope']}): {smoothing['layers_touched']} linear layers, "
+                     f"{smoothing['new_nodes']} Mul nodes added, fp32 unchanged to {smoothing['verification']['max_rel_diff']:.1e} relative")
     selection = record.get("selection") or {}
     if selection.get("mode") in ("sweep", "ladder") and len(selection["candidates"]) > 1:
         chosen = selection["chosen"]
-        lines.append(f"{selection['mode']} chose {chosen['method']} / exclusions {chosen['exclusions']} "
+        smooth_text = "none" if not chosen.get("smoothing") else f"{chosen['smoothing']['scope']} a={chosen['smoothing']['alpha']:g}"
+        lines.append(f"{selection['mode']} chose {chosen['method']} / exclusions {chosen['exclusions']} / smoothing {smooth_text} "
                      f"of {len(selection['candidates'])} recipes ({selection['rule']})")
     return "\n".join(lines)

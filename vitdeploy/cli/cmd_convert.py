@@ -14,19 +14,35 @@ from .common import command, echo_json, split_csv
 @click.option("--target", type=click.Choice(["cpu"]), default=None,
               help="cpu: the fp32 graph with ONNX Runtime's fused attention (model.cpu.onnx), gated against model.onnx; "
                    "the runtime and `profile` use it on CPUs, TensorRT keeps the plain graph.")
-@click.option("--keep-fp32", default="", help="Extra op types kept in fp32, comma-separated (LayerNormalization and Softmax always are).")
+@click.option("--keep-fp32", default="",
+              help="More kept in fp32, comma-separated: op types (Gelu), modules (blocks.3, head), roles (mlp-fc2) or MODULE/ROLE cells "
+                   "(blocks.2/mlp-fc2). LayerNormalization and Softmax always are.")
+@click.option("--data", default=None,
+              help="Range images for the fp16 range pass (what overflows fp16 on them stays fp32): a folder, .npy, .npz or "
+                   "digits:train (the default for the digits bundle; else seeded noise). Labelled data also gates accuracy.")
+@click.option("--eval-data", default=None,
+              help="Labelled images for the fp16 accuracy gate (default: the digits bundle's test split; else --data when labelled).")
+@click.option("--data-max", type=float, default=None,
+              help="Range pass threshold: nodes whose values exceed it stay fp32 (default 8188 = fp16's 65504 / 8; inf turns the pass off).")
+@click.option("--recipe", "recipe_file", type=click.Path(dir_okay=False),
+              help="An fp16 recipe from `vitdeploy debug-precision --precision fp16`: its keep-fp32 list (added to --keep-fp32).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fp16 record as JSON.")
-def command(bundle, precision, target, keep_fp32, as_json):
+def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, recipe_file, as_json):
     """Add a lower-precision graph (or a CPU-fused graph) to BUNDLE, derived from its fp32 graph.
 
     The fp16 graph keeps the uint8 input and the fp32 logits/probs outputs; the baked preprocessing,
-    every LayerNormalization and Softmax, and any --keep-fp32 op types compute in fp32, the rest in
-    fp16. Verify it with `vitdeploy check BUNDLE --precision fp16`.
+    every LayerNormalization and Softmax, and what --keep-fp32 names compute in fp32, and so does
+    every node whose values exceed --data-max on the range images (a range pass over the fp32 graph:
+    residual streams past fp16's range). The graph is gated before it is written (finite outputs,
+    logit cosine, and with labelled data accuracy and agreement, as `vitdeploy check`): one that
+    fails is not written. Verify it with `vitdeploy check BUNDLE --precision fp16`.
 
     \b
     Example:
       vitdeploy convert digits-bundle --precision fp16
       vitdeploy convert vits-bundle --precision fp16 --keep-fp32 Gelu
+      vitdeploy convert vits-bundle --precision fp16 --data ./calib --eval-data ./val --keep-fp32 blocks.11,blocks.10/mlp-fc2
+      vitdeploy convert vits-bundle --precision fp16 --recipe vits-bundle/reports/precision-recipe-fp16.json
       vitdeploy convert vits-bundle --target cpu
     """
     from vitdeploy.bundle import Bundle
@@ -49,16 +65,28 @@ def command(bundle, precision, target, keep_fp32, as_json):
         raise UsageError("INT8 needs calibration data: run `vitdeploy calibrate BUNDLE --data DIR` (it writes model.int8.onnx)")
     from vitdeploy.exporters.fp16 import add_fp16_to_bundle
 
+    keep = list(split_csv(keep_fp32))
+    if recipe_file is not None:
+        from vitdeploy.calibration.recipe_file import fp16_keep, read_recipe
+
+        keep += [k for k in fp16_keep(read_recipe(recipe_file, "fp16")) if k not in keep]
     target = Bundle.open(bundle)
-    path = add_fp16_to_bundle(target, keep_fp32_ops=tuple(split_csv(keep_fp32)))
+    path = add_fp16_to_bundle(target, keep_fp32_ops=tuple(keep), data=data, eval_data=eval_data, data_max=data_max,
+                              log=None if as_json else click.echo)
     record = Bundle.open(bundle).artifact_record("fp16")
     if as_json:
         echo_json(record)
         return
     sanity = record.get("sanity", {})
-    click.echo(f"wrote {path.name}: fp32 kept for {', '.join(record['kept_fp32_op_types'])} and "
-               f"{record['preprocessing_nodes_fp32']} preprocessing nodes; seeded-image check: max |dlogit| "
+    modules = record.get("user_kept_fp32_modules") or {}
+    click.echo(f"wrote {path.name}: fp32 kept for {', '.join(record['kept_fp32_op_types'] + list(modules))} and "
+               f"{record['preprocessing_nodes_fp32']} preprocessing nodes; {record['placement']['linear_ops_fp16']}/{record['placement']['linear_ops']} "
+               f"linear layers in fp16; seeded-image check: max |dlogit| "
                f"{sanity.get('max_abs_logit_diff', float('nan')):.2e}, top-1 agreement {sanity.get('top1_agreement', float('nan')):.0%}")
+    task = (record.get("gate") or {}).get("task")
+    if task:
+        click.echo(f"gate on {task['data']} ({task['count']} images): fp32 {task['fp32_accuracy']:.2%}, fp16 {task['accuracy']:.2%}, "
+                   f"agreement {task['top1_agreement']:.2%}, logit cosine p1 {task['cosine_p1']:.4f}: passed")
     mask = record.get("mask_path")
     if mask:  # a variable-size (images, valid_hw) graph
         click.echo(f"variable size: the {mask['mask_path_nodes']} nodes computed from valid_hw (masks, key bias, per-sample position "

@@ -29,7 +29,10 @@ from .common import command, parse_model_args, split_csv
 @click.option("--align-corners/--no-align-corners", default=False, show_default=True, help="Corner convention of the position-table interpolation.")
 @click.option("--antialias/--no-antialias", default=False, show_default=True, help="Antialias when shrinking the table (TensorRT's parser does not implement it).")
 @click.option("--precision", default="fp32", show_default=True, help="Graphs to write: fp32, or fp32,fp16 (fp16 also writes model.fp16.onnx).")
-@click.option("--keep-fp32", default="", help="Extra op types kept in fp32 in the fp16 graph, comma-separated.")
+@click.option("--keep-fp32", default="", help="More kept in fp32 in the fp16 graph, comma-separated: op types, modules (blocks.3), roles or MODULE/ROLE cells.")
+@click.option("--fp16-data", default=None,
+              help="With --precision fp32,fp16: range images for the fp16 range pass (nodes overflowing fp16 on them stay fp32); "
+                   "labelled ones also gate accuracy (default: the digits splits for the digits model, else seeded noise).")
 @click.option("--no-simplify", is_flag=True, help="Keep the exporter's graph (otherwise onnxslim's graph is kept when it passes the verification against PyTorch; with --no-check, when ORT outputs stay bit-identical).")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 @click.option("--check-images", type=click.IntRange(min=1), default=64, show_default=True, help="Seeded images per size for the parity check.")
@@ -39,7 +42,7 @@ from .common import command, parse_model_args, split_csv
 @click.option("--normalize-embedding", is_flag=True, help="L2-normalise the embedding output inside the graph (for cosine retrieval).")
 def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize,
             variable_size, canvas, variable_policy, channel_order,
-            input_format, pos_interp, align_corners, antialias, precision, keep_fp32, no_simplify, no_check, check_images,
+            input_format, pos_interp, align_corners, antialias, precision, keep_fp32, fp16_data, no_simplify, no_check, check_images,
             outputs, normalize_embedding):
     """Export SOURCE to a bundle: ONNX that takes raw uint8 images, with preprocessing, labels and spec bound in.
 
@@ -78,6 +81,7 @@ def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, r
         interpolation=PosEmbedInterpolation(pos_interp, align_corners, antialias),
         precisions=precisions,
         keep_fp32=tuple(split_csv(keep_fp32)),
+        fp16_data=fp16_data,
         simplify=not no_simplify,
         check=not no_check,
         check_images=check_images,

@@ -179,7 +179,7 @@ def _make_missing_fp16(bundle: Bundle, options: PlanOptions, log: Any) -> list[s
     line = f"bundle {bundle.root} has no fp16 graph: making model.fp16.onnx with the fp16 pass (LayerNorm/Softmax kept fp32)"
     if log:
         log(line)
-    path = add_fp16_to_bundle(bundle)
+    path = add_fp16_to_bundle(bundle, log=log)  # range pass + gate: a graph that fails is not written
     return [] if log else [line, f"  wrote {path}"]
 
 

@@ -1,0 +1,213 @@
+"""The gate an fp16 graph passes before it is written (export --precision fp16, convert, build-engine).
+
+Like INT8's (calibration/evaluate.py), and with `vitdeploy check`'s defaults, so a graph this writes
+is one `check` passes:
+
+* numbers, always: seeded images (a variable-size bundle: rows of a padded mixed-size batch vs each
+  image alone, exporters/variable_precision.py) through the fp32 and the fp16 graph; every output
+  finite, and the 1st-percentile logit cosine >= the gate's (0.99);
+* with labelled data (the bundle's own split, or ``--eval-data``/``--data`` when labelled): accuracy
+  within the gate's drop of fp32, top-1 agreement and logit cosine as INT8's gate;
+* overflow, statically: ONNX Runtime's CPU provider has no fp16 kernel for most ops, computes them
+  in fp32 and drops the Cast pairs between them, so a tensor past 65504 that is inf on a GPU stays
+  finite here (measured: the massive-residual digits variant scores 99.72% on the CPU with its
+  stream in fp16). Every tensor the fp16 graph holds in fp16 is therefore looked up in the fp32
+  graph on the same images: one beyond fp16's range fails the gate, with its name and value.
+
+A failure raises CheckFailed with one line; the caller has not moved the graph into the bundle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitdeploy.bundle import Bundle
+from vitdeploy.errors import CheckFailed, MissingDependencyError
+
+GATE_IMAGES = 32
+# the seeded record of a fresh conversion (max |d logit|, agreement), kept beside the gate's verdict
+SANITY_IMAGES = 8
+SANITY_SEED = 0
+
+
+def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str | None = None, threads: int | None = None) -> dict[str, Any]:
+    """Score the fp16 candidate; raise CheckFailed (one line) when it fails. Returns the record."""
+    from vitdeploy.calibration.evaluate import Gate, graph_outputs, load_eval_data, scores
+
+    gate = Gate()
+    record: dict[str, Any] = {"gate": gate.to_dict()}
+    failures: list[str] = []
+    if bundle.variable_size:
+        from .variable_precision import variable_sanity
+
+        sanity = variable_sanity(fp32_path, fp16_path, bundle)
+        record["numbers"] = sanity
+        if not sanity["finite"] or not sanity["edge_finite"]:
+            failures.append("non-finite outputs" + ("" if sanity["finite"] else " on a padded mixed-size batch")
+                            + ("" if sanity["edge_finite"] else " on edge valid_hw rows"))
+        for name, stats in sanity["outputs"].items():
+            if not stats["cosine_p1"] >= gate.min_cosine:
+                failures.append(f"{name} cosine (1st percentile of rows) {stats['cosine_p1']:.4f} < {gate.min_cosine:g}")
+    else:
+        from vitdeploy.preprocess import random_images
+
+        images = random_images(GATE_IMAGES, *input_size(bundle), seed=0)
+        ref = graph_outputs(fp32_path, images, "all", threads) if _has_logits(fp32_path) else None
+        if ref is None:
+            record["numbers"] = _numbers_any_output(fp32_path, fp16_path, images, failures, gate.min_cosine)
+        else:
+            got = graph_outputs(fp16_path, images, "all", threads)
+            numbers = {"images": GATE_IMAGES, "seed": 0, **scores(got, None, ref)}
+            numbers["finite"] = bool(all(np.isfinite(v).all() for v in got.values()))
+            record["numbers"] = numbers
+            if not numbers["finite"]:
+                failures.append(f"non-finite outputs on {GATE_IMAGES} seeded images")
+            elif not numbers["cosine_p1"] >= gate.min_cosine:
+                failures.append(f"logit cosine on seeded images (1st percentile) {numbers['cosine_p1']:.4f} < {gate.min_cosine:g}")
+    labelled = None
+    if not failures and _has_logits(fp32_path):
+        try:
+            labelled = load_eval_data(bundle, eval_spec)
+        except (ImportError, MissingDependencyError):
+            if eval_spec is not None:
+                raise
+            labelled = None  # the default split needs scikit-learn (absent on a device): numbers only
+    if labelled is not None and labelled.labels is not None:
+        alone = labelled.valid_hw is not None
+        ref = graph_outputs(fp32_path, labelled.images, "all", threads, valid_hw=labelled.valid_hw, alone=alone)
+        got = graph_outputs(fp16_path, labelled.images, "all", threads, valid_hw=labelled.valid_hw)
+        fp32_acc = float((ref["logits"].argmax(1) == labelled.labels).mean())
+        task = scores(got, labelled.labels, ref)
+        task["finite"] = bool(all(np.isfinite(v).all() for v in got.values()))
+        passed, task_failures = gate.verdict(fp32_acc, task)
+        if not task["finite"]:
+            task_failures.insert(0, f"non-finite outputs on {labelled.name}")
+        record["task"] = {**labelled.record, "fp32_accuracy": fp32_acc, **task}
+        failures.extend(f"{f} on {labelled.name}" for f in task_failures)
+    elif labelled is None:
+        record["task"] = None  # no labelled data: numbers only (check --data gates accuracy later)
+    if not failures:
+        overflow = device_overflow(fp32_path, fp16_path, bundle, labelled, threads)
+        record["overflow"] = overflow
+        if overflow["tensors"]:
+            worst = overflow["tensors"][0]
+            failures.append(f"{len(overflow['tensors'])} tensors held in fp16 exceed 65504 on {overflow['images']} images "
+                            f"(largest {worst['tensor']}: {worst['max_abs']:.3g}) and would be inf on a GPU (ONNX Runtime's CPU "
+                            "kernels compute them in fp32 and hide it)")
+    record["passed"] = not failures
+    record["failures"] = failures
+    if failures:
+        raise CheckFailed(f"the fp16 graph fails the gate: {'; '.join(failures)}; nothing was written - keep more in fp32 "
+                          "(--keep-fp32 OPS/MODULES, a lower --data-max) or find what must stay fp32 with "
+                          "`vitdeploy debug-precision BUNDLE --precision fp16`")
+    return record
+
+
+OVERFLOW_IMAGES = 64
+
+
+def device_overflow(fp32_path: Path, fp16_path: Path, bundle: Bundle, labelled: Any = None, threads: int | None = None) -> dict[str, Any]:
+    """The fp16-typed tensors of the candidate whose fp32 values (same tensor name in the fp32 graph)
+    exceed fp16's range on seeded images and up to OVERFLOW_IMAGES labelled ones."""
+    from vitdeploy.lazy import require
+
+    from .fp16_range import NOISE_SEED, range_feeds, tensor_absmax
+
+    onnx = require("onnx", "the fp16 gate")
+    fp32_model = onnx.load(str(fp32_path))
+    produced = {o for n in fp32_model.graph.node for o in n.output}
+    held = sorted(t for t in fp16_tensors(onnx.load(str(fp16_path))) if t in produced)
+    feeds, described = range_feeds(bundle, "__noise__", GATE_IMAGES)
+    count = described["count"]
+    if labelled is not None and len(labelled.images):
+        take = labelled.images[:OVERFLOW_IMAGES]
+        for start in range(0, len(take), 4):
+            feed = {"images": take[start : start + 4]}
+            if labelled.valid_hw is not None:
+                from vitdeploy.variable import VALID_INPUT
+
+                feed[VALID_INPUT] = labelled.valid_hw[start : start + 4]
+            feeds.append(feed)
+        count += len(take)
+    absmax = tensor_absmax(fp32_model, feeds, held, threads) if held else {}
+    return {"images": count, "noise_seed": NOISE_SEED, "fp16_tensors": len(held), "tensors": overflowing(held, absmax)}
+
+
+def fp16_tensors(model: Any) -> list[str]:
+    """Names of the tensors a graph holds in fp16."""
+    from vitdeploy.lazy import require
+
+    from .fp16 import tensor_elem_types
+
+    fp16 = require("onnx").TensorProto.FLOAT16
+    return [t for t, kind in tensor_elem_types(model).items() if kind == fp16]
+
+
+def overflowing(tensors: Any, absmax: dict[str, float]) -> list[dict[str, Any]]:
+    """The ``tensors`` whose measured fp32 max |x| is beyond fp16's range, largest first."""
+    from .fp16_range import FP16_MAX
+
+    over = [{"tensor": t, "max_abs": absmax[t]} for t in tensors if absmax.get(t, 0.0) > FP16_MAX]
+    return sorted(over, key=lambda e: -e["max_abs"])
+
+
+def _has_logits(path: Path) -> bool:
+    from vitdeploy.lazy import require
+
+    onnx = require("onnx")
+    return "logits" in {o.name for o in onnx.load(str(path), load_external_data=False).graph.output}
+
+
+def _numbers_any_output(fp32_path: Path, fp16_path: Path, images: np.ndarray, failures: list[str], min_cosine: float) -> dict[str, Any]:
+    """A backbone graph (embedding / patch_grid, no logits): every output finite and close in cosine."""
+    from vitdeploy.compare import cosine_percentile, cosine_rows
+    from vitdeploy.runtime.ort import OrtRunner
+
+    ref = OrtRunner(fp32_path, providers=["CPUExecutionProvider"]).infer(images)
+    got = OrtRunner(fp16_path, precision="fp16", providers=["CPUExecutionProvider"]).infer(images)
+    out: dict[str, Any] = {"images": len(images), "seed": 0, "outputs": {}}
+    for name, value in ref.items():
+        flat_ref, flat_got = value.reshape(len(value), -1), got[name].reshape(len(value), -1)
+        finite = bool(np.isfinite(flat_got).all())
+        cos = cosine_percentile(cosine_rows(flat_ref, flat_got)) if finite else float("nan")
+        out["outputs"][name] = {"finite": finite, "cosine_p1": cos}
+        if not finite:
+            failures.append(f"non-finite {name} on {len(images)} seeded images")
+        elif not cos >= min_cosine:
+            failures.append(f"{name} cosine on seeded images (1st percentile) {cos:.4f} < {min_cosine:g}")
+    return out
+
+
+def numeric_sanity(fp32_path: Path, fp16_path: Path, bundle: Bundle) -> dict[str, Any]:
+    """Seeded uint8 images through both graphs on ORT CPU: max |d logit| and top-1 agreement.
+
+    A quick record of what the conversion did to the numbers; task accuracy is `check`'s job.
+    """
+    from vitdeploy.preprocess import random_images
+    from vitdeploy.runtime.ort import OrtRunner
+
+    height, width = input_size(bundle)
+    images = random_images(SANITY_IMAGES, height, width, seed=SANITY_SEED)
+    ref_all = OrtRunner(fp32_path, providers=["CPUExecutionProvider"]).infer(images)
+    name = "logits" if "logits" in ref_all else "embedding" if "embedding" in ref_all else next(iter(ref_all))  # a backbone graph
+    ref = ref_all[name]
+    got = OrtRunner(fp16_path, precision="fp16", providers=["CPUExecutionProvider"]).infer(images)[name]
+    return {
+        "images": SANITY_IMAGES,
+        "seed": SANITY_SEED,
+        "size": [height, width],
+        "output": name,
+        "max_abs_logit_diff": float(np.abs(ref.astype(np.float64) - got).max()),
+        "top1_agreement": float((ref.argmax(1) == got.argmax(1)).mean()),
+    }
+
+
+def input_size(bundle: Bundle) -> tuple[int, int]:
+    pre = bundle.preprocessing
+    size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
+    if pre.get("in_graph_resize"):
+        size = pre["in_graph_resize"]["to"]
+    return int(size[0]), int(size[1])

@@ -1,0 +1,174 @@
+"""The fp16 range pass: which nodes must stay fp32 because their values do not fit fp16.
+
+fp16 holds magnitudes up to 65504. Real ViTs' residual streams can carry "massive activations"
+far above the typical scale (Sun et al., arXiv:2402.17762; Darcet et al., arXiv:2309.16588), and
+LayerNorm then normalises them away, so a graph whose LayerNorms are fp32 still overflows in the
+Adds and linear layers that write the stream: inf, then NaN after the next LayerNorm.
+
+The pass runs the fp32 graph on range images (calibration data, else the bundle's own split, else
+seeded noise, which the record says) and reads max |x| of every float tensor. A node stays fp32
+when one of its float outputs, or a float input it would read as fp16, exceeds ``data_max`` (by
+default fp16's max / 8: headroom for inputs the range images did not show), or when it reads a
+weight beyond fp16's range (the converter would clamp it). This is ModelOpt AutoCast's rule for
+node data and initializers (``data_max`` / ``init_max``, nvidia.github.io/Model-Optimizer
+guides/8_autocast; its data_max default is 512), with a threshold tied to fp16 itself. The nodes,
+their max |x| and the reason are returned for the record and printed by the commands.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from vitdeploy.errors import MissingDependencyError
+from vitdeploy.lazy import require
+
+FP16_MAX = 65504.0
+DEFAULT_HEADROOM = 8.0
+DEFAULT_DATA_MAX = FP16_MAX / DEFAULT_HEADROOM
+RANGE_IMAGES = 64
+NOISE_IMAGES = 16  # seeded noise (no data): one distribution, fewer images say as much
+RANGE_BATCH = 4  # every float tensor of a batch is held at once: keep batches small
+NOISE_SEED = 0
+
+
+def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+    """Batches of range images as graph feeds, and what they were. ``spec`` (a calibration data spec)
+    is used when given; else the bundle's calibration default (the digits model's training split);
+    else seeded uint8 noise at the input size (recorded as such: real images may reach further)."""
+    from vitdeploy.calibration.sources import default_source, open_source
+
+    from .fp16_gate import input_size
+
+    name = None if spec == "__noise__" else (spec or default_source(bundle))
+    images = valid = None
+    record: dict[str, Any]
+    if name is not None:
+        try:
+            source = open_source(name, bundle, count)
+        except (ImportError, MissingDependencyError):
+            if spec is not None:
+                raise
+            source = None  # the default split needs scikit-learn (absent on a device): fall back to noise
+        if source is not None:
+            images, valid = source.images, source.valid_hw
+            record = {"source": name, "count": len(source), "sha256": source.sha256}
+    if images is None:
+        if bundle.variable_size:
+            from vitdeploy.variable import mixed_sizes, padded_batch
+
+            contract = bundle.variable_size
+            sizes = mixed_sizes(contract["canvas"], contract["round_to"], tuple(bundle.spec.image_size), min(count, NOISE_IMAGES), seed=NOISE_SEED)
+            rng = np.random.default_rng(NOISE_SEED)
+            images, valid = padded_batch([rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes], contract["canvas"], seed=NOISE_SEED + 1)
+        else:
+            from vitdeploy.preprocess import random_images
+
+            images = random_images(min(count, NOISE_IMAGES), *input_size(bundle), seed=NOISE_SEED)
+        record = {"source": "seeded uint8 noise" + (" (no range data given: pass --data for real images)" if spec != "__noise__" else ""),
+                  "count": int(len(images)), "seed": NOISE_SEED}
+    feeds = []
+    for start in range(0, len(images), RANGE_BATCH):
+        feed = {"images": images[start : start + RANGE_BATCH]}
+        if valid is not None:
+            from vitdeploy.variable import VALID_INPUT
+
+            feed[VALID_INPUT] = valid[start : start + RANGE_BATCH]
+        feeds.append(feed)
+    return feeds, record
+
+
+def tensor_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], float_tensors: Sequence[str], threads: int | None = None) -> dict[str, float]:
+    """max |x| of each named float tensor over every feed (a copy of the graph outputs them all)."""
+    onnx = require("onnx", "the fp16 range pass")
+    ort = require("onnxruntime", "the fp16 range pass")
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {o.name for o in probe.graph.output}
+    for name in float_tensors:
+        if name not in present:
+            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    # no fusion: every tensor the fp16 converter sees must exist in the session as it is in the graph
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    input_names = {i.name for i in session.get_inputs()}
+    names = list(float_tensors)
+    result = {name: 0.0 for name in names}
+    for feed in feeds:
+        feed = {k if k in input_names else session.get_inputs()[0].name: v for k, v in feed.items()}
+        for name, value in zip(names, session.run(names, feed)):
+            value = np.asarray(value)
+            if value.size:
+                peak = float(np.nanmax(np.abs(value.astype(np.float64)))) if np.isfinite(value).all() else float("inf")
+                result[name] = max(result[name], peak)
+    return result
+
+
+def overflow_nodes(model: Any, feeds: list[dict[str, np.ndarray]], data_max: float = DEFAULT_DATA_MAX,
+                   already_fp32: set[str] = frozenset(), threads: int | None = None) -> dict[str, Any]:
+    """Nodes to keep in fp32 (beyond ``already_fp32``) and why: ``{"nodes": [...], "kept": [{node,
+    op_type, reason, max_abs}], "peak": {...}}``."""
+    onnx = require("onnx", "the fp16 range pass")
+    from onnx import numpy_helper
+
+    from .fp16 import tensor_elem_types
+
+    types = tensor_elem_types(model)
+    fp32 = onnx.TensorProto.FLOAT
+    initializers = {i.name: i for i in model.graph.initializer}
+    produced = [o for n in model.graph.node for o in n.output if o and types.get(o) == fp32]
+    graph_inputs = [i.name for i in model.graph.input if types.get(i.name) == fp32]
+    absmax = tensor_absmax(model, feeds, produced + graph_inputs, threads) if produced else {}
+    kept: list[dict[str, Any]] = []
+    init_peak: dict[str, float] = {}
+    for node in model.graph.node:
+        if node.name in already_fp32:
+            continue
+        reason = None
+        for out in node.output:
+            if absmax.get(out, 0.0) > data_max:
+                reason = ("output", out, absmax[out])
+                break
+        if reason is None:
+            for inp in node.input:
+                if inp in initializers:
+                    if initializers[inp].data_type != fp32:
+                        continue
+                    if inp not in init_peak:
+                        init_peak[inp] = float(np.abs(numpy_helper.to_array(initializers[inp])).max(initial=0.0))
+                    if init_peak[inp] > FP16_MAX:
+                        reason = ("weight", inp, init_peak[inp])
+                        break
+                elif absmax.get(inp, 0.0) > data_max:
+                    reason = ("input", inp, absmax[inp])
+                    break
+        if reason is not None:
+            kept.append({"node": node.name, "op_type": node.op_type, "reason": reason[0], "tensor": reason[1],
+                         "max_abs": reason[2]})
+    # the largest value among what would be fp16 (the preprocessing's 0..255 and LayerNorm inputs are fp32 anyway)
+    candidates = {o: absmax[o] for n in model.graph.node if n.name not in already_fp32 for o in n.output if o in absmax}
+    peak_tensor = max(candidates, key=candidates.get) if candidates else None
+    return {"nodes": [k["node"] for k in kept], "kept": kept, "data_max": data_max, "init_max": FP16_MAX,
+            "tensors_measured": len(absmax), "peak": {"tensor": peak_tensor, "max_abs": candidates.get(peak_tensor, 0.0) if peak_tensor else 0.0}}
+
+
+def describe(range_record: dict[str, Any], limit: int = 6) -> str:
+    """One line: how many nodes the range pass kept in fp32 and the largest of them."""
+    kept = range_record["kept"]
+    if not kept:
+        peak = range_record["peak"]
+        return (f"range pass: no tensor above {range_record['data_max']:.0f} on {range_record['images']['count']} images "
+                f"(largest fp16 candidate {peak['tensor']}: {peak['max_abs']:.3g}); nothing extra kept in fp32")
+    by_op: dict[str, int] = {}
+    for k in kept:
+        by_op[k["op_type"]] = by_op.get(k["op_type"], 0) + 1
+    top = sorted(kept, key=lambda k: -k["max_abs"])[:limit]
+    ops = ", ".join(f"{n} {op}" for op, n in sorted(by_op.items(), key=lambda item: -item[1]))
+    worst = "; ".join(f"{k['node']} ({k['reason']} {k['max_abs']:.3g})" for k in top)
+    return (f"range pass: kept {len(kept)} more nodes in fp32 ({ops}) whose values exceed {range_record['data_max']:.0f} "
+            f"on {range_record['images']['count']} images of {range_record['images']['source']}; largest: {worst}")
