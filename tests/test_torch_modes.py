@@ -58,14 +58,14 @@ def test_cli_torch_modes_on_the_cpu(digits_bundle, tmp_path: Path):
     assert "torch_mode" in (tmp_path / "profile.csv").read_text().splitlines()[0].split(",")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--backend", "torch", "--device", "cpu", "--torch-mode", "cuda-graph"], "--torch-mode cuda-graph replays CUDA graphs and needs a GPU"),
-    (["--backend", "torch", "--torch-mode", "jit"], "unknown torch mode 'jit'; choose from auto, eager, cuda-graph, compile"),
-    (["--backend", "ort", "--torch-mode", "eager"], "--torch-mode applies to the torch backend; add --backend torch"),
+@pytest.mark.parametrize(("args", "message", "code"), [
+    (["--backend", "torch", "--device", "cpu", "--torch-mode", "cuda-graph"], "--torch-mode cuda-graph replays CUDA graphs and needs a GPU", 1),
+    (["--backend", "torch", "--torch-mode", "jit"], "unknown torch mode 'jit'; choose from auto, eager, cuda-graph, compile", 2),  # usage
+    (["--backend", "ort", "--torch-mode", "eager"], "--torch-mode applies to the torch backend; add --backend torch", 1),
 ])
-def test_impossible_torch_modes_are_one_line(digits_bundle, tmp_path: Path, args: list[str], message: str):
+def test_impossible_torch_modes_are_one_line(digits_bundle, tmp_path: Path, args: list[str], message: str, code: int):
     res = CliRunner().invoke(main, ["profile", str(digits_bundle.root), *args, "--no-plot", "-o", str(tmp_path / "out")])
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == code, res.output
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.output
     assert not (tmp_path / "out").exists()  # refused before anything ran or was written

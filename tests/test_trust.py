@@ -426,8 +426,8 @@ def test_folder_predict_names_a_bad_file_and_goes_on(digits_bundle, tmp_path: Pa
     (folder / "img1b.png").write_bytes(b"not a png")
     result = cli("predict", digits_bundle.root, folder, "--top-k", "1")
     lines = result.output.strip().splitlines()
-    assert result.exit_code == 1 and "Traceback" not in result.output
-    assert sum(1 for line in lines if line.startswith(str(folder)) and "not classified" not in line) == 3
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert sum(1 for line in lines if line.startswith(str(folder)) and "not classified" not in line) == 3, result.output
     assert [line for line in lines if line.startswith("error:")] == [lines[-1]] and "1 of 4 images" in lines[-1]
     assert any(line.startswith(str(folder / "img1b.png") + ": not classified: cannot read image") for line in lines)
     strict = cli("predict", digits_bundle.root, folder, "--strict")

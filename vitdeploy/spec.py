@@ -168,11 +168,11 @@ def check_resolution(height: int, width: int, patch_size: tuple[int, int]) -> No
         raise UserError("; ".join(problems))
 
 
-MAX_SIDE = 1 << 16  # no ViT input is 65536 pixels on a side; a larger number is a typo
+MAX_SIDE = 1 << 20  # past a million pixels on a side a number is a typo (larger real sizes meet the memory check)
 
 
 def parse_resolution(text: str) -> tuple[int, int]:
-    """'384' -> (384, 384); '224x320' -> (224, 320) (height x width). ASCII digits only, each side 1..65536."""
+    """'384' -> (384, 384); '224x320' -> (224, 320) (height x width). ASCII digits only, each side 1..2**20."""
     import re
 
     match = re.fullmatch(r"\s*(\d+)\s*(?:[x×]\s*(\d+)\s*)?", str(text), re.ASCII | re.IGNORECASE)
