@@ -85,9 +85,11 @@ test-envs:
 # Exported bundles are cached under .pytest_cache (keyed by source, options, checkpoint contents, library
 # versions and the project's source files), so a second run re-exports only what a code change touched.
 test-fast: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not gpu"
 
 test: test-envs
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 	$(MAKE) test-compat
 

@@ -237,7 +237,7 @@ def main() -> None:
     rows += bench_server(bundle, images, False, args)
     load_after = os.getloadavg()
 
-    print(f"| mode | concurrency | requests | failed | throughput (req/s) | p50 (ms) | p99 (ms) |")
+    print("| mode | concurrency | requests | failed | throughput (req/s) | p50 (ms) | p99 (ms) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['mode']} | {r['concurrency']} | {r['requests']} | {r['failed']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} |")

@@ -74,7 +74,7 @@ class Gate:
 
 def load_eval_data(bundle: Bundle, spec: str | None, limit: int | None = None) -> EvalData | None:
     """Labelled (or unlabelled .npy) images through `check`'s loader, so both score the same pixels."""
-    from vitdeploy.checks.inputs import real_set
+    from vitdeploy.evalsets import real_set
 
     spec = spec or default_data(bundle)
     if spec is None:
@@ -194,7 +194,7 @@ def _variable_eval_data(bundle: Bundle, spec: str, limit: int | None) -> EvalDat
     ignore it); the fp32 reference then runs each image alone."""
     import hashlib
 
-    from vitdeploy.checks.variable import RESCALE_RULE, mixed_size_images, size_summary
+    from vitdeploy.variable import RESCALE_RULE, mixed_size_images, size_summary
     from vitdeploy.data import open_labelled
     from vitdeploy.images import to_channel_order
     from vitdeploy.variable import padded_batch

@@ -146,8 +146,8 @@ def _variable(spec: str, bundle: Bundle, samples: int | None) -> CalibrationSour
     """(images, valid_hw) pairs for a variable-size bundle: the source's images at the native size,
     each rescaled to a seeded random size and aspect ratio, fitted into the canvas by the bundle's
     host policy and padded top-left with zeros (as the runtime pads), so the ranges cover the mixed
-    sizes the graph serves - the preparation `check` scores with (checks.variable.mixed_size_images)."""
-    from vitdeploy.checks.variable import RESCALE_RULE, mixed_size_images, size_summary
+    sizes the graph serves - the preparation `check` scores with (vitdeploy.variable.mixed_size_images)."""
+    from vitdeploy.variable import RESCALE_RULE, mixed_size_images, size_summary
     from vitdeploy.data import open_images
     from vitdeploy.images import to_channel_order
     from vitdeploy.variable import pad_to_canvas

@@ -17,7 +17,7 @@ import torch
 
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, check_export_target, read_labels, refuse_export_precisions,
                               write_labels)
-from vitdeploy.errors import CheckFailed, UsageError, UserError
+from vitdeploy.errors import CheckFailed, UsageError
 from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, sha256_file, staged_directory
 from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas, mixed_sizes, padded_batch  # noqa: F401 - re-exported
 

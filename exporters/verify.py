@@ -1,7 +1,7 @@
 """Export verification: ONNX Runtime against PyTorch on seeded uint8 images, sized by cost.
 
 Every size the graph declares is checked (one size for a static graph; native, four patches smaller
-and larger, and a non-square size for a dynamic one; see ``vitdeploy.checks.inputs``), on every output
+and larger, and a non-square size for a dynamic one; see ``vitdeploy.evalsets``), on every output
 both runners return, each against its own limit.
 
 How many images, and in what batches
@@ -64,9 +64,9 @@ def output_limit(name: str, resize: bool) -> float:
 
 
 def verification_sizes_for(bundle: Bundle) -> list[tuple[int, int]]:
-    """The input sizes `check` also uses (vitdeploy.checks.inputs.random_sets): camera frames of
+    """The input sizes `check` also uses (vitdeploy.evalsets.random_sets): camera frames of
     another size for an in-graph resize, else the graph's declared sizes."""
-    from vitdeploy.checks.inputs import verification_sizes
+    from vitdeploy.evalsets import verification_sizes
 
     pre = bundle.preprocessing
     if pre.get("in_graph_resize"):

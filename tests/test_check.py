@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ from bundle_edits import vouch_for
 from click.testing import CliRunner
 from onnx import numpy_helper
 
-from vitdeploy.bundle import METADATA_KEY, Bundle, embed_manifest
+from vitdeploy.bundle import Bundle
 from vitdeploy.checks import CheckOptions, run_check
 from vitdeploy.cli import main
 

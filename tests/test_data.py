@@ -144,7 +144,7 @@ def test_npy_is_the_graph_input_as_fed(tmp_path: Path) -> None:
 
 
 def test_check_reads_through_the_same_loader(digits_bundle, tmp_path: Path) -> None:
-    from vitdeploy.checks.inputs import real_set
+    from vitdeploy.evalsets import real_set
 
     data = open_labelled("digits:test", (32, 32), classes=digits_bundle.labels, limit=50)
     real = real_set(digits_bundle, "digits:test", limit=50)  # --limit: the seeded subset, not the first 50

@@ -248,7 +248,7 @@ def test_profile_times_variable_cells_on_the_engine_with_their_valid_hw(variable
         return "runner"
 
     monkeypatch.setattr(tensorrt, "TensorRTRunner", runner)
-    monkeypatch.setattr(sweep, "_cuda_visible", lambda: True)  # the GPU this sweep would run on
+    monkeypatch.setattr(sweep, "cuda_visible", lambda: True)  # the GPU this sweep would run on
     bundle = variable_engine_bundle
     config = sweep.SweepConfig(batches=[4], backends=["tensorrt"], fills=[0.5])
     cells = sweep.plan_cells(bundle, config)

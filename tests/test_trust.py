@@ -481,7 +481,7 @@ def test_check_sizes_its_random_sets_by_the_cost_model(tmp_path: Path) -> None:
     from synthetic_bundle import make_bundle
 
     from vitdeploy.budget import MIN_IMAGES, plan_verification
-    from vitdeploy.checks.inputs import random_sets, verification_sizes
+    from vitdeploy.evalsets import random_sets, verification_sizes
     from vitdeploy.spec import ViTSpec
 
     vit_b = ViTSpec(image_size=(224, 224), patch_size=(16, 16), embed_dim=768, depth=12, num_heads=12, num_classes=1000)

@@ -14,6 +14,7 @@ Like Optimum's validate_model_outputs, gates collect every failure before one ve
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -111,6 +112,21 @@ def compare_outputs(name: str, ref: np.ndarray, cand: np.ndarray) -> OutputStats
         spread=spread,
         max_abs_over_spread=float(diff.max() / spread) if spread > 0 else None,
     )
+
+
+Z95 = 1.959963984540054
+
+
+def wilson(correct: int, total: int, z: float = Z95) -> tuple[float, float]:
+    """95% Wilson score interval for ``correct`` successes out of ``total`` (evaluate, profile --accuracy):
+    near 100% on a few hundred images the normal approximation collapses to zero width."""
+    if total <= 0:
+        return (float("nan"), float("nan"))
+    p = correct / total
+    denom = 1.0 + z * z / total
+    centre = (p + z * z / (2 * total)) / denom
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:

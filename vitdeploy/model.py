@@ -20,7 +20,6 @@ import copy
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .errors import ConfigError, UserError

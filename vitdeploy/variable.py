@@ -144,3 +144,31 @@ def run_padded_graph(session: Any, images: np.ndarray, valid_hw: np.ndarray, out
         feeds = {"images": images[start:start + step], VALID_INPUT: np.asarray(valid_hw[start:start + step], dtype=np.int32)}
         parts.append(session.run(names, feeds))
     return {name: np.concatenate([p[i] for p in parts]).astype(np.float32) for i, name in enumerate(names)}
+
+
+# -- the mixed-size sets `check` scores and `calibrate` calibrates on ---------------------------------
+RESCALE_RULE = "seeded random scale 0.5-1.5x and aspect ratio 1:3-3:1 (bilinear), then the bundle's host policy"
+
+
+def mixed_rescale(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The image at a seeded random scale (0.5-1.5x) and aspect ratio (1:3 to 3:1), bilinear."""
+    from PIL import Image
+
+    h, w = image.shape[:2]
+    scale = rng.uniform(0.5, 1.5)
+    aspect = float(np.exp(rng.uniform(np.log(1 / 3), np.log(3))))
+    new_h = max(1, int(round(h * scale / np.sqrt(aspect))))
+    new_w = max(1, int(round(w * scale * np.sqrt(aspect))))
+    return np.asarray(Image.fromarray(image).resize((new_w, new_h), Image.BILINEAR), dtype=np.uint8)
+
+
+def mixed_size_images(images: Sequence[np.ndarray], preprocessing: dict, seed: int, policy: str | None = None) -> List[np.ndarray]:
+    """Each image rescaled by :func:`mixed_rescale` (seeded) and fitted into the canvas by the host
+    policy: the mixed whole-patch sizes `check` scores and `calibrate` calibrates on."""
+    rng = np.random.default_rng(seed)
+    return [fit_image(mixed_rescale(np.ascontiguousarray(img), rng), preprocessing, policy) for img in images]
+
+
+def size_summary(images: Sequence[np.ndarray]) -> Dict[str, Any]:
+    sizes = sorted({tuple(int(v) for v in i.shape[:2]) for i in images})
+    return {"distinct_sizes": len(sizes), "smallest": list(sizes[0]), "largest": list(sizes[-1])}

@@ -16,7 +16,7 @@ from ..compare import Gate, accuracy, compare_outputs, parity_gates
 from ..errors import UserError
 from ..fileio import atomic_write_json, sha256_cached
 from ..data import default_data
-from .inputs import EvalSet, random_sets, real_set
+from ..evalsets import EvalSet, random_sets, real_set
 from .localise import localise
 from .protocol import protocol_evidence
 

@@ -38,38 +38,10 @@ from ..bundle import Bundle
 from ..compare import Gate, accuracy, compare_outputs, parity_gates
 from ..errors import UserError
 from ..fileio import atomic_write_json, sha256_cached
+from ..variable import RESCALE_RULE, mixed_size_images, size_summary  # noqa: F401 - the sets check scores
 
 KIND = "variable-size"
 OUTPUTS = ("logits", "probs")
-RESCALE_RULE = "seeded random scale 0.5-1.5x and aspect ratio 1:3-3:1 (bilinear), then the bundle's host policy"
-
-
-def mixed_rescale(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """The image at a seeded random scale (0.5-1.5x) and aspect ratio (1:3 to 3:1), bilinear."""
-    from PIL import Image
-
-    h, w = image.shape[:2]
-    scale = rng.uniform(0.5, 1.5)
-    aspect = float(np.exp(rng.uniform(np.log(1 / 3), np.log(3))))
-    new_h = max(1, int(round(h * scale / np.sqrt(aspect))))
-    new_w = max(1, int(round(w * scale * np.sqrt(aspect))))
-    return np.asarray(Image.fromarray(image).resize((new_w, new_h), Image.BILINEAR), dtype=np.uint8)
-
-
-def mixed_size_images(images: Sequence[np.ndarray], preprocessing: dict, seed: int, policy: str | None = None) -> List[np.ndarray]:
-    """Each image rescaled by :func:`mixed_rescale` (seeded) and fitted into the canvas by the host
-    policy: the mixed whole-patch sizes `check` scores and `calibrate` calibrates on."""
-    from ..variable import fit_image
-
-    rng = np.random.default_rng(seed)
-    return [fit_image(mixed_rescale(np.ascontiguousarray(img), rng), preprocessing, policy) for img in images]
-
-
-def size_summary(images: Sequence[np.ndarray]) -> Dict[str, Any]:
-    sizes = sorted({tuple(int(v) for v in i.shape[:2]) for i in images})
-    return {"distinct_sizes": len(sizes), "smallest": list(sizes[0]), "largest": list(sizes[-1])}
-
-
 def check_variable(bundle: Bundle, opts: Any, log: Callable[[str], None]) -> Dict[str, Any]:
     from ..data import open_labelled
     from ..images import to_channel_order

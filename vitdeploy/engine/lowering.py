@@ -312,7 +312,7 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
     random images at every size the bundle is verified at. Raises ``LoweringError`` listing every
     failed gate; returns the record.
     """
-    from ..checks.inputs import random_sets, real_set
+    from ..evalsets import random_sets, real_set
     from ..data import default_data
     from ..checks.run import CheckOptions
     from ..compare import Gate, accuracy, compare_outputs, parity_gates

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..bundle import Bundle
-from ..errors import UsageError, UserError, VitDeployError
+from ..errors import UsageError, VitDeployError
 from ..runtime.base import Runner
 
 
@@ -59,9 +59,9 @@ def graph_scorer(bundle: Bundle, precision: str, path: Path, threads: int | None
 
 
 def _cpu_only() -> bool:
-    from ..profile.sweep import _cuda_visible
+    from ..runtime.devices import cuda_visible
 
-    return not _cuda_visible()
+    return not cuda_visible()
 
 
 def _relative(bundle: Bundle, path: Path) -> str:

@@ -9,24 +9,13 @@ collapses to zero width or leaves [0, 1].
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
-Z95 = 1.959963984540054
+from ..compare import Z95, wilson  # noqa: F401 - the interval, shared with profile --accuracy
+
 SMALL_STRATUM = 30  # strata with fewer images show their counts next to the accuracy
-
-
-def wilson(correct: int, total: int, z: float = Z95) -> tuple[float, float]:
-    """95% Wilson score interval for ``correct`` successes out of ``total``."""
-    if total <= 0:
-        return (float("nan"), float("nan"))
-    p = correct / total
-    denom = 1.0 + z * z / total
-    centre = (p + z * z / (2 * total)) / denom
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def accuracy_entry(correct: int, total: int) -> dict[str, Any]:

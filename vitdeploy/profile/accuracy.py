@@ -5,7 +5,7 @@ Accuracy belongs to (backend, precision, height, width), not to the batch size: 
 scored once on the labelled data (:mod:`vitdeploy.data`, brought to the cell's size by the
 manifest's host-resize rule) with the runner the cell used (the same graph file, ONNX Runtime
 optimisation level and provider; the same PyTorch model), and the result is copied to every batch
-size of it. Intervals are 95% Wilson intervals (:mod:`vitdeploy.evaluate.score`).
+size of it. Intervals are 95% Wilson intervals (:func:`vitdeploy.compare.wilson`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def add_accuracy(bundle: Bundle, result: SweepResult, source: str, config: Sweep
                  limit: int | None = None, batch: int = 64) -> dict[str, Any]:
     """Score every (backend, precision, size) of the sweep's ok cells; write the numbers into the rows."""
     from ..data import open_labelled
-    from ..evaluate.score import wilson
+    from ..compare import wilson
     from ..images import to_channel_order
 
     pre = bundle.preprocessing

@@ -39,6 +39,7 @@ from ..costs import CostReport, vit_costs
 from ..errors import DeviceError, MissingDependencyError, UsageError, UserError, VitDeployError
 from ..lazy import available, require
 from ..runtime.base import Runner, TensorInfo
+from ..runtime.devices import cuda_visible
 from . import gemm_probe, tegrastats
 from .measure import (
     DEFAULT_CV_THRESHOLD,
@@ -147,15 +148,6 @@ def _choose(values: list[str], allowed: tuple[str, ...], what: str) -> list[str]
     return out
 
 
-def _cuda_visible() -> bool:
-    """Is there an NVIDIA GPU? Asked without importing torch: a loaded torch is asked, otherwise the
-    driver's device node (discrete GPUs: /dev/nvidia0; Jetson: /dev/nvhost-ctrl-gpu) is looked for.
-    onnxruntime-gpu is no evidence: it lists CUDA even on a machine without one."""
-    if "torch" in sys.modules:
-        return bool(sys.modules["torch"].cuda.is_available())
-    return Path("/dev/nvidia0").exists() or Path("/dev/nvhost-ctrl-gpu").exists()
-
-
 def _torch_device(config: SweepConfig) -> str:
     if config.device == "cpu":
         return "cpu"
@@ -209,7 +201,7 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
     if any(b in GRAPH_BACKENDS for b in backends):
         for p in precisions:  # a missing graph says how to make it; a changed one is refused before any timing
             bundle.artifact_path(p)
-    if "tensorrt" in backends and not _cuda_visible():
+    if "tensorrt" in backends and not cuda_visible():
         raise DeviceError("the tensorrt backend needs an NVIDIA GPU with TensorRT; this machine has none (use --backend ort,torch)")
     if "ort" in backends and config.device == "cuda":
         ort = require("onnxruntime", "the ort backend")
@@ -547,7 +539,7 @@ def run_sweep(
         require("torch", "the torch backend")  # loaded before the probe so the probe can use it
     # Cells may run on a GPU (tensorrt always; ort and torch unless --device cpu): then the GPU's
     # GEMM peak is probed with torch where torch is installed, and device memory is tracked.
-    cuda = config.device != "cpu" and _cuda_visible()
+    cuda = config.device != "cpu" and cuda_visible()
     if cuda and "torch" not in sys.modules and available("torch"):
         require("torch")
     gpu = GpuMemoryProbe() if cuda else None

@@ -305,7 +305,7 @@ def build_cpu_graph(source: Path, spec: Any) -> tuple[Any, dict[str, Any]]:
 def gate_cpu_graph(bundle: Bundle, fused_bytes: bytes, images_per_size: int = 4, threads: int | None = None) -> dict[str, Any]:
     """The fused graph against the plain one on seeded images at every verification size (and the
     bundled model's real test split where there is one), on every output."""
-    from vitdeploy.checks.inputs import real_set, verification_sizes
+    from vitdeploy.evalsets import real_set, verification_sizes
     from vitdeploy.data import default_data
     from vitdeploy.compare import Gate, compare_outputs, parity_gates
     from vitdeploy.preprocess import random_images

@@ -1,6 +1,9 @@
-"""What `check` feeds an artifact: seeded random uint8 images at every declared size, and real
-images through :mod:`vitdeploy.data` (the bundled digits split, DIR/<class>/<image>, a .npz with
-labels, or a .npy array at the input contract)."""
+"""What a verification feeds an artifact: seeded random uint8 images at every declared size (sized by
+the cost model's budget), and real images through :mod:`vitdeploy.data` (the bundled digits split,
+DIR/<class>/<image>, a .npz with labels, or a .npy array at the input contract).
+
+In the core, below every step that verifies a graph: export's verification, `check`, calibration's
+evaluation, the fused CPU graph's gate and the 8.x lowering all draw their images here."""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..preprocess import random_images
+from .bundle import Bundle
+from .preprocess import random_images
 
 
 @dataclass
@@ -37,7 +40,7 @@ def verification_sizes(bundle: Bundle) -> list[tuple[int, int]]:
 def random_sets(bundle: Bundle, count: int, seed: int) -> list[EvalSet]:
     """Seeded random images at every size: ``count`` per size at most, cut by the cost model's budget as
     export's verification is (vitdeploy.budget), so checking a ViT-B/16 costs what verifying it did."""
-    from ..budget import DEFAULT_BUDGET_GMACS, plan_verification
+    from .budget import DEFAULT_BUDGET_GMACS, plan_verification
 
     pre = bundle.preprocessing
     model_size = None
@@ -58,8 +61,8 @@ def real_set(bundle: Bundle, data: str, limit: int | None = None) -> EvalSet:
     """Real images at the artifact's input size, in its channel order, with labels where the source
     has them: read by :func:`vitdeploy.data.open_labelled` (``evaluate``'s and ``calibrate``'s
     loader), so ``limit`` is its seeded subset and the record is its record."""
-    from ..data import open_labelled
-    from ..images import to_channel_order
+    from .data import open_labelled
+    from .images import to_channel_order
 
     pre = bundle.preprocessing
     size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
