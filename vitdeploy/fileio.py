@@ -88,10 +88,10 @@ def atomic_write_text(target: str | os.PathLike, text: str) -> Path:
 
 
 def atomic_write_json(target: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    return atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
     # numpy scalars and arrays show up in reports; keep them readable without importing numpy here.
     if hasattr(obj, "tolist"):
         return obj.tolist()

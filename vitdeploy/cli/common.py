@@ -122,9 +122,9 @@ def parse_int_list(text: str, what: str) -> list[int]:
 def echo_json(obj: Any) -> None:
     import json
 
-    from ..fileio import _json_default
+    from ..fileio import json_default
 
-    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    sys.stdout.write(json.dumps(obj, indent=2, default=json_default) + "\n")
 
 
 def parse_model_args(items: tuple[str, ...]) -> dict[str, Any]:
