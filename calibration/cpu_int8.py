@@ -20,7 +20,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .qdq import QuantSettings
+from .settings import QuantSettings
 
 # CPU flags that give 8-bit dot products accumulating in 32 bits (no int16 saturation).
 _DOT_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
 from vitdeploy.bundle import Bundle
 from vitdeploy.errors import CheckFailed, InternalError, UserError
@@ -271,17 +270,3 @@ def debug_precision(path: str | Path, options: DebugOptions | None = None, log: 
                   "seconds": round(time.perf_counter() - start, 1)}
         report.update(write_outputs(bundle, report, recipe, opts.recipe_path))
     return report
-
-
-def damage_matrix(report: dict[str, Any]) -> tuple[list[str], list[str], np.ndarray]:
-    """(blocks, roles, damage[block, role]) of the cells in a report (NaN where a block lacks the role)."""
-    from .exclusions import CELL_SEP, ROLE_ORDER
-
-    cells = [c for c in report["ranking"]["cells"] if CELL_SEP in c["unit"]]
-    blocks = sorted({c["unit"].split(CELL_SEP)[0] for c in cells}, key=lambda b: (len(b), b))
-    roles = [r for r in ROLE_ORDER if any(c["unit"].endswith(CELL_SEP + r) for c in cells)]
-    grid = np.full((len(blocks), len(roles)), np.nan)
-    for c in cells:
-        block, role = c["unit"].split(CELL_SEP)
-        grid[blocks.index(block), roles.index(role)] = c["damage"]
-    return blocks, roles, grid

@@ -42,8 +42,6 @@ def plot_damage(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .debug_precision import damage_matrix
-
     blocks, roles, grid = damage_matrix(report)
     singles = [(c["unit"], c["damage"]) for c in report["ranking"]["cells"] if "/" not in c["unit"]]
     fig, (ax_map, ax_bar) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.45 * len(blocks) + 2)),
@@ -94,3 +92,17 @@ def render_table(report: dict[str, Any], limit: int = 12) -> Any:
         table.add_row(r["unit"], r["kind"], str(r["layers"]), f"{r['damage']:.3f}", acc, f"{r['top1_agreement']:.2%}",
                       f"{r['cosine_p1']:.4f}", ("fails gate" if not r["passed"] else "ok") + extra)
     return table
+
+
+def damage_matrix(report: dict[str, Any]) -> tuple[list[str], list[str], np.ndarray]:
+    """(blocks, roles, damage[block, role]) of the cells in a report (NaN where a block lacks the role)."""
+    from .exclusions import CELL_SEP, ROLE_ORDER
+
+    cells = [c for c in report["ranking"]["cells"] if CELL_SEP in c["unit"]]
+    blocks = sorted({c["unit"].split(CELL_SEP)[0] for c in cells}, key=lambda b: (len(b), b))
+    roles = [r for r in ROLE_ORDER if any(c["unit"].endswith(CELL_SEP + r) for c in cells)]
+    grid = np.full((len(blocks), len(roles)), np.nan)
+    for c in cells:
+        block, role = c["unit"].split(CELL_SEP)
+        grid[blocks.index(block), roles.index(role)] = c["damage"]
+    return blocks, roles, grid

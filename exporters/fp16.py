@@ -40,6 +40,8 @@ from vitdeploy.errors import InternalError, UserError
 from vitdeploy.fileio import atomic_path, sha256_file
 from vitdeploy.lazy import require
 
+from .onnx_types import tensor_elem_types  # noqa: F401 - part of this module's API
+
 # Op types that always stay fp32 in a vitdeploy fp16 graph (see the module docstring for why).
 # Sin/Cos: rotary angles (EVA-02, RoPE ViTs) grow with the grid; timm computes them in fp32.
 ALWAYS_FP32_OPS = ("LayerNormalization", "Softmax", "Sin", "Cos")
@@ -254,25 +256,6 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
 
 
 # -- inspection ------------------------------------------------------------------------------
-def tensor_elem_types(model: Any) -> dict[str, int]:
-    """ONNX element type of every tensor (graph inputs/outputs, initializers, inferred values)."""
-    onnx = require("onnx", "inspecting ONNX graphs")
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    types: dict[str, int] = {}
-    graph = inferred.graph
-    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
-        if value.type.HasField("tensor_type"):
-            types[value.name] = value.type.tensor_type.elem_type
-    for init in graph.initializer:
-        types[init.name] = init.data_type
-    for node in graph.node:  # Constant nodes carry their type in the attribute
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value":
-                    types[node.output[0]] = attr.t.data_type
-    return types
-
-
 def inspect_fp16_placement(
     model: Any,
     extra_fp32_ops: Sequence[str] = (),

@@ -27,6 +27,8 @@ import numpy as np
 from vitdeploy.bundle import Bundle
 from vitdeploy.errors import CheckFailed, MissingDependencyError
 
+from .fp16_range import input_size
+
 GATE_IMAGES = 32
 # the seeded record of a fresh conversion (max |d logit|, agreement), kept beside the gate's verdict
 SANITY_IMAGES = 8
@@ -140,7 +142,7 @@ def fp16_tensors(model: Any) -> list[str]:
     """Names of the tensors a graph holds in fp16."""
     from vitdeploy.lazy import require
 
-    from .fp16 import tensor_elem_types
+    from .onnx_types import tensor_elem_types
 
     fp16 = require("onnx").TensorProto.FLOAT16
     return [t for t, kind in tensor_elem_types(model).items() if kind == fp16]
@@ -203,11 +205,3 @@ def numeric_sanity(fp32_path: Path, fp16_path: Path, bundle: Bundle) -> dict[str
         "max_abs_logit_diff": float(np.abs(ref.astype(np.float64) - got).max()),
         "top1_agreement": float((ref.argmax(1) == got.argmax(1)).mean()),
     }
-
-
-def input_size(bundle: Bundle) -> tuple[int, int]:
-    pre = bundle.preprocessing
-    size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
-    if pre.get("in_graph_resize"):
-        size = pre["in_graph_resize"]["to"]
-    return int(size[0]), int(size[1])

@@ -59,7 +59,7 @@ def _outputs_of(index: Any, name: str) -> list[str]:
 def precision_counts(model: Any) -> dict[str, int]:
     """How many compute nodes (not Casts or shape plumbing) read or write fp16, and how many only fp32."""
     onnx = require("onnx")
-    from .fp16 import tensor_elem_types
+    from .onnx_types import tensor_elem_types
 
     types = tensor_elem_types(model)
     fp16, fp32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT

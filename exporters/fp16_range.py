@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from vitdeploy.bundle import Bundle
 from vitdeploy.errors import MissingDependencyError
 from vitdeploy.lazy import require
 
@@ -39,7 +40,6 @@ def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tup
     else seeded uint8 noise at the input size (recorded as such: real images may reach further)."""
     from vitdeploy.calibration.sources import default_source, open_source
 
-    from .fp16_gate import input_size
 
     name = None if spec == "__noise__" else (spec or default_source(bundle))
     images = valid = None
@@ -116,7 +116,7 @@ def overflow_nodes(model: Any, feeds: list[dict[str, np.ndarray]], data_max: flo
     onnx = require("onnx", "the fp16 range pass")
     from onnx import numpy_helper
 
-    from .fp16 import tensor_elem_types
+    from .onnx_types import tensor_elem_types
 
     types = tensor_elem_types(model)
     fp32 = onnx.TensorProto.FLOAT
@@ -172,3 +172,11 @@ def describe(range_record: dict[str, Any], limit: int = 6) -> str:
     worst = "; ".join(f"{k['node']} ({k['reason']} {k['max_abs']:.3g})" for k in top)
     return (f"range pass: kept {len(kept)} more nodes in fp32 ({ops}) whose values exceed {range_record['data_max']:.0f} "
             f"on {range_record['images']['count']} images of {range_record['images']['source']}; largest: {worst}")
+
+
+def input_size(bundle: Bundle) -> tuple[int, int]:
+    pre = bundle.preprocessing
+    size = pre.get("input_size") or pre.get("model_size") or [bundle.resolution["height"], bundle.resolution["width"]]
+    if pre.get("in_graph_resize"):
+        size = pre["in_graph_resize"]["to"]
+    return int(size[0]), int(size[1])

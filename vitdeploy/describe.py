@@ -3,33 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from .bundle import Bundle
 from .costs import CostReport, costs_table
 from .console import get_console
 from .spec import ViTSpec
-
-
-def resolve_spec(target: str | None) -> tuple[ViTSpec, str]:
-    """The spec of a bundle, a vitdeploy .onnx, or a model source (builtin:/timm:/hf:/ref:)."""
-    if target and Path(target).exists() and (Path(target).is_dir() and (Path(target) / "manifest.json").exists() or target.endswith(".onnx")):
-        bundle = Bundle.open(target)
-        return bundle.spec, str(target)
-    from .errors import UserError
-
-    text = target or "builtin:digits"
-    if text.startswith("builtin:"):
-        # builtin configs are JSON: no torch needed to know their shape
-        from .builtin import get_builtin
-
-        return ViTSpec.from_dict(get_builtin(text.split(":", 1)[1]).load_config()["spec"]), text
-    if ":" not in text:
-        raise UserError(f"{text!r} is neither a bundle, a .onnx file, nor a source like timm:<model>")
-    from vitdeploy.exporters.sources import load_source
-
-    return load_source(text).spec, text
 
 
 def cost_rows(reports: list[CostReport]) -> list[dict[str, Any]]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from ..spec import parse_resolution
+from ..spec import ViTSpec, parse_resolution
 from .common import command, echo_json, split_csv
 
 
@@ -24,9 +26,9 @@ def command(source, resolutions, batch, as_json):
       vitdeploy costs digits-bundle --json
     """
     from ..costs import costs_table
-    from ..describe import print_costs, resolve_spec
+    from ..describe import print_costs
 
-    spec, title = resolve_spec(source)
+    spec, title = _resolve_spec(source)
     sizes = [parse_resolution(r) for r in split_csv(resolutions)] or [tuple(spec.image_size)]
     for h, w in sizes:
         spec.grid(h, w)  # one clear line for a size the patches don't tile
@@ -34,3 +36,26 @@ def command(source, resolutions, batch, as_json):
         echo_json({"source": title, "spec": spec.to_dict(), "batch": batch, "rows": [r.to_dict() for r in costs_table(spec, sizes, batch)]})
     else:
         print_costs(spec, sizes, batch, title)
+
+
+def _resolve_spec(target: str | None) -> tuple[ViTSpec, str]:
+    """The spec of a bundle, a vitdeploy .onnx, or a model source (builtin:/timm:/hf:/ref:). Here, at the top:
+    a model source is loaded by the exporters, which the core below them may not import."""
+    if target and Path(target).exists() and (Path(target).is_dir() and (Path(target) / "manifest.json").exists() or target.endswith(".onnx")):
+        from ..bundle import Bundle
+
+        bundle = Bundle.open(target)
+        return bundle.spec, str(target)
+    from ..errors import UserError
+
+    text = target or "builtin:digits"
+    if text.startswith("builtin:"):
+        # builtin configs are JSON: no torch needed to know their shape
+        from ..builtin import get_builtin
+
+        return ViTSpec.from_dict(get_builtin(text.split(":", 1)[1]).load_config()["spec"]), text
+    if ":" not in text:
+        raise UserError(f"{text!r} is neither a bundle, a .onnx file, nor a source like timm:<model>")
+    from vitdeploy.exporters.sources import load_source
+
+    return load_source(text).spec, text

@@ -1,0 +1,27 @@
+"""Element types of an ONNX graph's tensors: what the fp16 pass, its gate, its keep-list and the precision
+search read (below all of them, so none imports another for it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitdeploy.lazy import require
+
+
+def tensor_elem_types(model: Any) -> dict[str, int]:
+    """ONNX element type of every tensor (graph inputs/outputs, initializers, inferred values)."""
+    onnx = require("onnx", "inspecting ONNX graphs")
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    types: dict[str, int] = {}
+    graph = inferred.graph
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if value.type.HasField("tensor_type"):
+            types[value.name] = value.type.tensor_type.elem_type
+    for init in graph.initializer:
+        types[init.name] = init.data_type
+    for node in graph.node:  # Constant nodes carry their type in the attribute
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    types[node.output[0]] = attr.t.data_type
+    return types

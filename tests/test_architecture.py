@@ -1,0 +1,172 @@
+"""The import graph keeps the shape docs/DESIGN.md draws (issue 28): no circles, nothing imported from a
+higher layer, no private names taken from another module, no module over 500 lines.
+
+Imports are read with `ast` from the source (imports inside functions included), resolved to the
+project's modules as they install (`exporters/` is vitdeploy.exporters, `calibration/` is
+vitdeploy.calibration). The layers are read from the ```layers block of docs/DESIGN.md, so the picture
+and the rule are one text.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TREES = {"vitdeploy": REPO / "vitdeploy", "vitdeploy.exporters": REPO / "exporters", "vitdeploy.calibration": REPO / "calibration"}
+MAX_LINES = 500
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package, base in TREES.items():
+        for path in sorted(base.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+MODULES = modules()
+
+
+def _targets(module: str, node: ast.AST) -> list[tuple[str, str | None]]:
+    """(imported module, imported name or None) for one import statement of ``module``."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, None) for alias in node.names]
+    assert isinstance(node, ast.ImportFrom)
+    if node.level:
+        base = module.split(".") if MODULES[module].name == "__init__.py" else module.split(".")[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    return [(target, alias.name) for alias in node.names]
+
+
+def _own(name: str) -> str | None:
+    """The project module an import names (the longest prefix that is one), or None for a library."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_edges() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+    edges: dict[str, set[str]] = defaultdict(set)
+    private: list[tuple[str, str, str]] = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target, name in _targets(module, node):
+                submodule = f"{target}.{name}" if name else None
+                own = _own(submodule) if submodule in MODULES else _own(target)
+                if own is None or own == module:
+                    continue
+                edges[module].add(own)
+                if name and name.startswith("_") and not name.startswith("__") and submodule not in MODULES:
+                    private.append((module, own, name))
+    return edges, private
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(set(edges) | {w for targets in edges.values() for w in targets}):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layers() -> list[list[str]]:
+    """The ```layers block of docs/DESIGN.md: one layer per line, top first, module prefixes separated by
+    spaces (a prefix names a module or everything below a package)."""
+    text = (REPO / "docs" / "DESIGN.md").read_text()
+    match = re.search(r"```layers\n(.*?)```", text, re.S)
+    assert match, "docs/DESIGN.md has no ```layers block"
+    rows = []
+    for line in match.group(1).splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            rows.append(line.split())
+    return rows
+
+
+def layer_of(module: str, table: list[list[str]]) -> int:
+    """Index of the layer whose longest prefix matches ``module`` (0 is the top)."""
+    best, best_len = None, -1
+    for i, row in enumerate(table):
+        for prefix in row:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = i, len(prefix)
+    assert best is not None, f"{module} is in no layer of docs/DESIGN.md"
+    return best
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_edges()[0])
+    assert found == [], "import cycles (imports inside functions included):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_nothing_is_imported_from_a_higher_layer() -> None:
+    table = layers()
+    edges, _ = import_edges()
+    upward = sorted(f"{a} (layer {layer_of(a, table)}) -> {b} (layer {layer_of(b, table)})"
+                    for a, targets in edges.items() for b in targets if layer_of(b, table) < layer_of(a, table))
+    assert upward == [], "imports that run up the layers of docs/DESIGN.md:\n" + "\n".join(upward)
+
+
+def test_every_module_is_in_a_layer() -> None:
+    table = layers()
+    for module in MODULES:
+        layer_of(module, table)
+
+
+def test_no_private_names_across_modules() -> None:
+    _, private = import_edges()
+    assert private == [], "private names imported from another module:\n" + "\n".join(f"{a} takes {n} from {b}" for a, b, n in private)
+
+
+def test_no_module_over_500_lines() -> None:
+    long = sorted(f"{path.relative_to(REPO)}: {n}" for path in MODULES.values()
+                  if (n := len(path.read_text().splitlines())) > MAX_LINES)
+    assert long == [], f"modules over {MAX_LINES} lines (split them along their jobs):\n" + "\n".join(long)
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
+    """The checker itself: a planted cycle and a planted upward import are found."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    table = [["vitdeploy.cli"], ["vitdeploy.runtime"], ["vitdeploy"]]
+    assert layer_of("vitdeploy.runtime.ort", table) == 1 and layer_of("vitdeploy.bundle", table) == 2
+    assert layer_of("vitdeploy.cli.common", table) < layer_of("vitdeploy.runtime.ort", table)
