@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from vitdeploy import onnx_io
 from vitdeploy.bundle import embed_manifest
 from vitdeploy.errors import InternalError, UserError
 from vitdeploy.lazy import require
@@ -167,6 +168,7 @@ def compute_ranges(
     check_sample_count(source, method)
     settings = settings_for(target)
     input_name = onnx.load(str(fp32_path), load_external_data=False).graph.input[0].name
+    external = bool(onnx_io.referenced_files(fp32_path))  # past 2 GiB the augmented graph can only be so
     options = dict(METHOD_OPTIONS[method])
     # TensorRT takes symmetric activation scales: calibrate symmetric ranges to begin with.
     options["symmetric"] = settings.activation_symmetric
@@ -178,6 +180,7 @@ def compute_ranges(
                 list(QUANTIZABLE_OPS),
                 augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                 calibrate_method=_method_enum(quant, method),
+                use_external_data_format=external,
                 extra_options=options,
             )
         done = 0
@@ -215,7 +218,7 @@ def quantize_graph(
     quant = require("onnxruntime.quantization", "INT8 quantization")
     onnx = require("onnx")
     settings = settings_for(recipe.target)
-    model = onnx.load(str(fp32_path))
+    model = onnx_io.load(fp32_path, weights=False)  # names and structure only: the weights stay on disk
     graph_meta = ((manifest or {}).get("graph") or {})
     excluded = resolve(model, graph_meta, recipe.exclusions)
     # variable-size graphs: no Q/DQ on what is computed from valid_hw before it meets the image (the
@@ -255,9 +258,11 @@ def quantize_graph(
             calibrate_method=_method_enum(quant, recipe.method),
             extra_options=extra,
             calibration_cache_path=str(ranges_path),
+            # ORT's quantizer writes <out>.data, vitdeploy's rule too (vitdeploy.onnx_io)
+            use_external_data_format=bool(onnx_io.referenced_files(fp32_path)),
         )
     seconds = time.perf_counter() - start
-    qmodel = onnx.load(str(out_path))
+    qmodel = onnx_io.load(out_path)
     placement = inspect_qdq_placement(qmodel, excluded["nodes"], recipe.target)
     if placement["violations"]:
         raise InternalError("the Q/DQ graph breaks the ViT placement policy: " + "; ".join(placement["violations"][:5]))
@@ -266,7 +271,7 @@ def quantize_graph(
         core.setdefault("graph", {})["precision"] = "int8"
         core["graph"]["quantization"] = {**recipe.to_dict(), **settings.to_dict()}
         embed_manifest(qmodel, core)
-        onnx.save(qmodel, str(out_path))
+        onnx_io.save(qmodel, out_path, manifest=manifest)  # external data past the bundle's threshold
     return {
         "recipe": recipe.to_dict(),
         "settings": settings.to_dict(),

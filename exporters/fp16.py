@@ -29,9 +29,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from vitdeploy import onnx_io
 from vitdeploy.bundle import ARTIFACT_FILES, METADATA_KEY, Bundle, embed_manifest
 from vitdeploy.errors import InternalError, UserError
-from vitdeploy.fileio import atomic_path, sha256_file
+from vitdeploy.fileio import sha256_file
 from vitdeploy.lazy import require
 
 # Op types that always stay fp32 in a vitdeploy fp16 graph (see the module docstring for why).
@@ -90,10 +91,8 @@ def convert_to_fp16(
     by default the core already in ``src``'s metadata is carried over. Returns the record that
     describes the conversion (stored with the artifact).
     """
-    onnx = require("onnx", "the fp16 pass")
     model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest)
-    with atomic_path(dst) as tmp:
-        onnx.save(model, str(tmp))
+    record.update(onnx_io.save(model, dst, manifest=manifest))  # external data past the threshold
     return record
 
 
@@ -103,14 +102,14 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = ()) -> Pat
     The new graph is loaded and run on seeded images before it replaces anything: a graph ONNX
     Runtime cannot run never lands in the bundle.
     """
-    onnx = require("onnx", "the fp16 pass")
     src = bundle.artifact_path("fp32")
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; the fp16 pass writes into a bundle folder (export with -o DIR)")
     dst = bundle.root / ARTIFACT_FILES["fp16"]
     model, record = _convert(src, tuple(keep_fp32_ops), bundle.manifest)
-    with atomic_path(dst) as tmp:
-        onnx.save(model, str(tmp))
+    with onnx_io.staged(dst) as tmp:  # graph and data file land together, after the check below
+        record.update(onnx_io.save(model, tmp, manifest=bundle.manifest))
+        del model  # on disk now: the sanity sessions below run from the files
         if bundle.variable_size:
             # the acceptance of a two-input graph is the invariance: gate it before it lands
             from .variable_precision import gate_sanity, variable_sanity
@@ -128,10 +127,7 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
     float16 = require("onnxconverter_common.float16", "the fp16 pass")
     if not src.is_file():
         raise UserError(f"no fp32 graph at {src}; create it with `vitdeploy export`")
-    try:
-        model = onnx.load(str(src))
-    except Exception as exc:  # onnx raises DecodeError and friends
-        raise UserError(f"{src} is not a readable ONNX file ({exc.__class__.__name__})") from None
+    model = onnx_io.load(src)
     if _has_float16(model):
         raise UserError(f"{src} already holds float16 tensors; the fp16 pass starts from the fp32 graph (model.onnx)")
 
@@ -161,6 +157,9 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
     source_sha = sha256_file(src)
     _prepare_initializers(model, set(pre_nodes) | set(position_nodes) | set(mask_nodes), set(block_ops))
 
+    # the converter's own shape inference serialises the whole model (4x its memory; impossible past
+    # 2 GiB): infer on a weightless copy instead, which gives the converter the same value_info
+    onnx_io.infer_shapes(model, in_place=True)
     with warnings.catch_warnings(record=True) as caught:
         # the converter warns once per weight value it clamps to fp16's range; count them instead
         warnings.simplefilter("always")
@@ -169,7 +168,9 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
             keep_io_types=True,  # uint8 in, fp32 logits/probs out: the bundle's contract does not change
             op_block_list=block_ops,
             node_block_list=pre_nodes + position_nodes + mask_nodes,
+            disable_shape_infer=True,
         )
+    del model
     clamped = sum(1 for w in caught if "truncated" in str(w.message))
     _drop_fp16_casts_on_outputs(converted)
     _drop_fp16_round_trips(converted)
@@ -237,7 +238,7 @@ def _input_size(bundle: Bundle) -> tuple[int, int]:
 def tensor_elem_types(model: Any) -> dict[str, int]:
     """ONNX element type of every tensor (graph inputs/outputs, initializers, inferred values)."""
     onnx = require("onnx", "inspecting ONNX graphs")
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    inferred = onnx_io.infer_shapes(model, strict_mode=False)  # on a weightless copy
     types: dict[str, int] = {}
     graph = inferred.graph
     for value in list(graph.input) + list(graph.output) + list(graph.value_info):
@@ -430,9 +431,8 @@ def _drop_fp16_round_trips(model: Any) -> int:
 def _refresh_value_info(model: Any) -> Any:
     """Recompute value_info from the nodes. The converter leaves two entries (fp32 and fp16) for a
     tensor renamed around a blocked node, and ORT then refuses the graph on the stale one."""
-    onnx = require("onnx")
     del model.graph.value_info[:]
-    return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    return onnx_io.infer_shapes(model, in_place=True, strict_mode=False)
 
 
 def _has_float16(model: Any) -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .fileio import atomic_write_json, atomic_write_text, sha256_file
+from .fileio import atomic_write_json, atomic_write_text
 from .spec import ViTSpec
 
 FORMAT = "vitdeploy-bundle/1"
@@ -119,6 +119,13 @@ class Bundle:
                 "int8": "create it with `vitdeploy calibrate`",
             }.get(precision, "")
             raise UserError(f"bundle {self.root} has no {precision} graph; {hint}")
+        from .onnx_io import check_files
+
+        # the external data file (large graphs): present and of the recorded size (hashes: onnx_io.check_files)
+        problems = check_files(self.root, {"file": record["file"], "data": record["data"]}, hashes=False) if record.get("data") else []
+        if problems:
+            raise UserError(f"bundle {self.root}: {problems[0]} (the weights of {record['file']}); copy the data file together "
+                            f"with the graph, or re-create the {precision} graph")
         return self.root / record["file"]
 
     def artifact_record(self, precision: str) -> dict[str, Any]:
@@ -136,8 +143,12 @@ class Bundle:
     def add_artifact(self, precision: str, file: Path, record: dict[str, Any] | None = None) -> None:
         """Record a graph that is already in place (written atomically by its producer)."""
         self._require_folder()
-        rec = {"file": file.name, "sha256": sha256_file(file), "bytes": file.stat().st_size}
-        rec.update(record or {})
+        from .onnx_io import file_record
+
+        # the producer's record when it hashed the files as it wrote them (onnx_io.save), else read them:
+        # the graph, and its external data file when it has one
+        rec = dict(record or {}) if (record or {}).get("sha256") else {**file_record(file), **(record or {})}
+        rec["file"] = file.name
         self.manifest.setdefault("artifacts", {})[precision] = rec
         # A new graph invalidates what was measured or built from the old one.
         self.drop_stale_records()

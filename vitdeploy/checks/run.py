@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, onnx_io
 from ..bundle import Bundle
 from ..compare import Gate, accuracy, compare_outputs
 from ..errors import UserError
@@ -93,6 +93,9 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     artifacts, failures = [], []
     for precision in precisions:
         graph = bundle.artifact_path(precision)
+        record = bundle.artifact_record(precision)
+        # the graph and its external data file are the ones the manifest records (sha256 of both)
+        integrity = onnx_io.check_files(bundle.root, record) if bundle.bare_onnx is None else []
         placement = _placement(bundle, precision) if precision not in ("fp32", "cpu") else None
         # the fused CPU graph (model.cpu.onnx) computes in fp32: the fp32 gates, against PyTorch as well
         computes_in = "fp32" if precision == "cpu" else precision
@@ -100,8 +103,12 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
             runner = OrtRunner(graph, precision=computes_in, optimization=level, threads=opts.threads)
             entry = _score(computes_in, execution, runner, sets, ref_out, ref_acc, opts, gated)
             entry["precision"] = precision
-            entry.update({"file": graph.name, "sha256": bundle.artifact_record(precision).get("sha256"),
+            entry.update({"file": graph.name, "sha256": record.get("sha256"),
+                          **({"data": record["data"]} if record.get("data") else {}),  # external data file
                           "providers": runner.info.details.get("providers"), "optimization": level})
+            if integrity:
+                entry["failed_gates"].extend(f"integrity: {p}" for p in integrity)
+                entry["passed"] = False
             entry["batch_consistency"] = _batch_consistency(runner, sets[0].images[:4])
             if placement is not None:
                 entry["placement"] = placement
