@@ -95,13 +95,14 @@ def release_simplifier_matches() -> int:
     cleared = 0
     for obj in gc.get_objects():
         kind = type(obj)
-        attrs = getattr(obj, "__dict__", None) if str(getattr(kind, "__module__", "")).startswith("onnxslim.") else None
-        names = attrs.get("pattern_dict") if isinstance(attrs, dict) else None
-        if isinstance(names, dict):
-            for name in names:
-                if name in attrs:
-                    delattr(obj, name)
-                    cleared += 1
+        # by class name: onnxslim's graph objects answer any unknown attribute (even __dict__ lookups)
+        if not (str(getattr(kind, "__module__", "")).startswith("onnxslim.") and any(c.__name__ == "PatternMatcher" for c in kind.__mro__)):
+            continue
+        attrs = obj.__dict__
+        for name in list(attrs.get("pattern_dict") or ()):
+            if name in attrs:
+                del attrs[name]
+                cleared += 1
     return cleared
 
 

@@ -5,8 +5,8 @@ saves it through :func:`save`, and every reader that needs more than the graph's
 through :func:`load`; both follow one rule:
 
 * **Which graphs keep their weights outside.** A graph whose initializers hold more than the
-  threshold (default 1 GiB; ``--external-data-threshold`` on export, recorded in the manifest for the
-  bundle's later passes, or ``VITDEPLOY_EXTERNAL_DATA_THRESHOLD``; ``0`` = always) is written with its
+  threshold (``--external-data-threshold`` on export, recorded in the manifest for the bundle's later
+  passes; else ``VITDEPLOY_EXTERNAL_DATA_THRESHOLD``; else 1 GiB; ``0`` = always) is written with its
   tensors of ``MIN_EXTERNAL_TENSOR_BYTES`` or more in one data file beside it. Protobuf cannot
   serialise a message over 2 GiB, so a graph whose weights come near that is always written so.
 * **The name.** ``<graph file>.data``: ``model.onnx`` -> ``model.onnx.data``, the rule the dynamo
@@ -14,14 +14,17 @@ through :func:`load`; both follow one rule:
   location relative to the graph, so the pair is copied together and resolves anywhere (TensorRT
   ``parse_from_file``, ONNX Runtime and Triton sessions made from the path).
 * **Both files atomically.** Graph and data are written to hidden temporary files in the destination
-  folder, fsynced and renamed in one step that a Ctrl-C or SIGTERM cannot split (:func:`_commit`).
+  folder, fsynced and renamed in one step that a Ctrl-C or SIGTERM cannot split, the old graph moved
+  aside first (:func:`_commit`): no graph ever names a data file written for another graph.
 * **Memory that stays at one copy of the weights.** ``ModelProto.SerializeToString`` needs about four
   times the graph while it runs (measured here: +1.34 GB for a 330 MB ViT-B/16 graph; upb grows its
   buffer and then copies it), and ``onnx.load`` of a single file twice (the bytes, then the parsed
-  message). :func:`save` writes the protobuf wire format piece by piece instead - the model's fields,
-  then each initializer serialised on its own - so at most one tensor is serialised at a time; the
-  single-file result is byte-identical to ``SerializeToString`` (tested), so graph hashes do not
-  change. External data is written tensor by tensor, hashed as it is written.
+  message). :func:`save` writes the protobuf wire format piece by piece instead (:mod:`.onnx_wire`:
+  the model's fields, then each initializer serialised on its own), so at most one tensor is
+  serialised at a time; the single-file result is byte-identical to ``SerializeToString`` (tested),
+  so graph hashes do not change. External data is written tensor by tensor, hashed as it is written.
+  Passes that rewrite only nodes load the structure (``load(weights=False)``) and stream the weights
+  from the source's data file into the new one (``save(source_dir=...)``).
 * **Hashes.** :func:`save` returns the record the manifest stores: the graph's file, sha256 and size,
   and under ``data`` the same for the data file; :func:`check_files` compares both with a record.
 """
@@ -36,9 +39,11 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, Iterator
 
 from .errors import InternalError, UserError
+from .onnx_wire import (MIN_EXTERNAL_TENSOR_BYTES, Hashing, Sources, external_info, is_external, plan, set_field, stub, tensor_bytes,
+                        write_model)
 
 DATA_SUFFIX = ".data"
 THRESHOLD_ENV = "VITDEPLOY_EXTERNAL_DATA_THRESHOLD"
@@ -46,9 +51,6 @@ DEFAULT_THRESHOLD_BYTES = 1 << 30  # 1 GiB of weights: ViT-L/16 fp32 (1.22 GB) a
 # Protobuf's hard limit is 2 GiB for the whole message; weights past this always go external so the
 # nodes, names and metadata have room.
 INLINE_LIMIT_BYTES = (2 << 30) - (256 << 20)
-MIN_EXTERNAL_TENSOR_BYTES = 1024  # onnx.save's own default: shape constants and scalars stay inline
-ALIGN_BYTES = 4096  # large tensors start on a page, so a runtime can map them in place
-ALIGN_FROM_BYTES = 1 << 20
 MANIFEST_KEY = "external_data_threshold"  # manifest["storage"][...]: the bundle's rule for later passes
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
@@ -83,27 +85,15 @@ def parse_size(text: str | int, what: str = "--external-data-threshold") -> int:
 
 def threshold(explicit: int | None = None, manifest: dict[str, Any] | None = None) -> int:
     """The weight size above which a graph is written with external data: the explicit value, else
-    ``VITDEPLOY_EXTERNAL_DATA_THRESHOLD``, else the bundle's recorded rule, else 1 GiB."""
+    the bundle's recorded rule (an export's ``--external-data-threshold``: a choice for that bundle),
+    else ``VITDEPLOY_EXTERNAL_DATA_THRESHOLD`` (the default of this environment), else 1 GiB."""
     if explicit is not None:
         return int(explicit)
-    env = os.environ.get(THRESHOLD_ENV, "").strip()
-    if env:
-        return parse_size(env, THRESHOLD_ENV)
     recorded = ((manifest or {}).get("storage") or {}).get(MANIFEST_KEY)
-    return int(recorded) if recorded is not None else DEFAULT_THRESHOLD_BYTES
-
-
-def tensor_bytes(tensor: Any) -> int:
-    """Bytes of a TensorProto's data, wherever it is kept (raw, typed fields or external)."""
-    onnx = _onnx()
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        return int(_external_info(tensor).get("length", 0))
-    if tensor.HasField("raw_data"):
-        return len(tensor.raw_data)
-    count = 1
-    for d in tensor.dims:
-        count *= int(d)
-    return count * _element_size(onnx, tensor.data_type)
+    if recorded is not None:
+        return int(recorded)
+    env = os.environ.get(THRESHOLD_ENV, "").strip()
+    return parse_size(env, THRESHOLD_ENV) if env else DEFAULT_THRESHOLD_BYTES
 
 
 def weight_bytes(model: Any) -> int:
@@ -111,23 +101,12 @@ def weight_bytes(model: Any) -> int:
     return sum(tensor_bytes(t) for t in model.graph.initializer)
 
 
-def _element_size(onnx: Any, data_type: int) -> int:
-    try:
-        return int(onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
-    except Exception:  # strings and unknown types: no fixed size, never external here
-        return 0
-
-
-def _external_info(tensor: Any) -> dict[str, str]:
-    return {entry.key: entry.value for entry in tensor.external_data}
-
-
 # -- reading ------------------------------------------------------------------------------------
 def referenced_files(path: str | os.PathLike) -> list[Path]:
     """The data files ``path`` keeps its weights in (none for a single-file graph)."""
     path = Path(path)
     model = load(path, weights=False)
-    names = sorted({_external_info(t)["location"] for t in _all_tensors(model) if _is_external(t)})
+    names = sorted({external_info(t)["location"] for t in _all_tensors(model) if is_external(t)})
     return [path.parent / name for name in names]
 
 
@@ -148,7 +127,7 @@ def load(path: str | os.PathLike, weights: bool = True) -> Any:
     except Exception as exc:  # onnx raises DecodeError and friends
         raise UserError(f"{path} is not a readable ONNX file ({exc.__class__.__name__})") from None
     if weights:
-        missing = [name for name in sorted({_external_info(t).get("location", "") for t in _all_tensors(model) if _is_external(t)})
+        missing = [name for name in sorted({external_info(t).get("location", "") for t in _all_tensors(model) if is_external(t)})
                    if not (path.parent / name).is_file()]
         if missing:
             raise UserError(f"{path} keeps its weights in {', '.join(missing)}, which is missing beside it; "
@@ -169,10 +148,6 @@ def _all_tensors(model: Any) -> Iterator[Any]:
                 yield attr.t
 
 
-def _is_external(tensor: Any) -> bool:
-    return tensor.data_location == _onnx().TensorProto.EXTERNAL
-
-
 # -- writing ------------------------------------------------------------------------------------
 def save(model: Any, path: str | os.PathLike, threshold_bytes: int | None = None, source_dir: str | os.PathLike | None = None,
          manifest: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -186,14 +161,14 @@ def save(model: Any, path: str | os.PathLike, threshold_bytes: int | None = None
     limit = threshold(threshold_bytes, manifest)
     weights = weight_bytes(model)
     external = weights > limit or weights > INLINE_LIMIT_BYTES
-    plan = _plan(model, external)
-    if any(entry[1] == "copy" for entry in plan) and source_dir is None:
+    pieces = plan(model, external)
+    if any(entry[1] == "copy" for entry in pieces) and source_dir is None:
         raise InternalError("save: the model has tensors on disk (loaded with weights=False) and no source_dir to read them from")
     data_target = data_file(path)
     with _temp_beside(path) as graph_tmp, _temp_beside(data_target) as data_tmp:
         graph_digest, data_digest = hashlib.sha256(), hashlib.sha256()
-        with open(graph_tmp, "wb") as graph_fh, open(data_tmp, "wb") as data_fh, _Sources(source_dir) as sources:
-            _write_model(model, plan, data_target.name, _Hashing(graph_fh, graph_digest), _Hashing(data_fh, data_digest), sources)
+        with open(graph_tmp, "wb") as graph_fh, open(data_tmp, "wb") as data_fh, Sources(source_dir) as sources:
+            write_model(model, pieces, data_target.name, Hashing(graph_fh, graph_digest), Hashing(data_fh, data_digest), sources)
             for fh in (graph_fh, data_fh):
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -311,8 +286,8 @@ def check_model(model: Any, full_check: bool = True) -> None:
     serialises the weights, works past 2 GiB and needs no data file where the model came from."""
     onnx = _onnx()
     copy_ = structure_copy(model)
-    weights = [t for t in copy_.graph.initializer if _is_external(t)]
-    keep = [t for t in copy_.graph.initializer if not _is_external(t)]
+    weights = [t for t in copy_.graph.initializer if is_external(t)]
+    keep = [t for t in copy_.graph.initializer if not is_external(t)]
     del copy_.graph.initializer[:]
     copy_.graph.initializer.extend(keep)
     declared = {v.name for v in copy_.graph.input}
@@ -327,11 +302,11 @@ def inline_arrays(model: Any) -> dict[str, Any]:
     disk - a graph loaded with ``weights=False`` - are left out: passes that read constants need
     axes, scales and shapes, which are small and inline, not the weights)."""
     numpy_helper = _onnx().numpy_helper
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if not _is_external(t)}
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if not is_external(t)}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             for attr in node.attribute:
-                if attr.name == "value" and not _is_external(attr.t):
+                if attr.name == "value" and not is_external(attr.t):
                     values[node.output[0]] = numpy_helper.to_array(attr.t)
     return values
 
@@ -343,218 +318,16 @@ def structure_copy(model: Any) -> Any:
     copy_ = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _set_field(copy_, field, value)
+            set_field(copy_, field, value)
     for field, value in model.graph.ListFields():
         if field.name != "initializer":
-            _set_field(copy_.graph, field, value)
+            set_field(copy_.graph, field, value)
     for tensor in model.graph.initializer:
-        if tensor_bytes(tensor) >= MIN_EXTERNAL_TENSOR_BYTES and not _is_external(tensor):
-            copy_.graph.initializer.append(_stub(onnx, tensor, "vitdeploy-structure-only", 0, tensor_bytes(tensor)))
+        if tensor_bytes(tensor) >= MIN_EXTERNAL_TENSOR_BYTES and not is_external(tensor):
+            copy_.graph.initializer.append(stub(onnx, tensor, "vitdeploy-structure-only", 0, tensor_bytes(tensor)))
         else:
             copy_.graph.initializer.append(tensor)
     return copy_
-
-
-def _set_field(target: Any, field: Any, value: Any) -> None:
-    repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
-    if repeated:
-        getattr(target, field.name).extend(value)
-    elif field.message_type is not None:
-        getattr(target, field.name).CopyFrom(value)
-    else:
-        setattr(target, field.name, value)
-
-
-def _stub(onnx: Any, tensor: Any, location: str, offset: int, length: int) -> Any:
-    """``tensor`` without its data, pointing at ``location`` [offset, offset + length)."""
-    stub = onnx.TensorProto()
-    for field, value in tensor.ListFields():
-        if field.name not in _DATA_FIELDS:
-            _set_field(stub, field, value)
-    stub.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = stub.external_data.add()
-        entry.key, entry.value = key, value
-    return stub
-
-
-_DATA_FIELDS = {"raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data",
-                "external_data", "data_location"}
-
-
-# -- the wire format, piece by piece ------------------------------------------------------------
-# ModelProto.graph is field 7 and GraphProto.initializer field 5 (onnx.proto); protobuf writes the
-# fields of a message in field-number order, each embedded message as tag + varint length + bytes.
-_GRAPH_FIELD, _INITIALIZER_FIELD = 7, 5
-
-
-def _plan(model: Any, external: bool) -> list[tuple[Any, str, int]]:
-    """Per initializer: (tensor, how, bytes): "inline", "raw" (its data moves to the data file) or
-    "copy" (already external: copied from its source file)."""
-    plan = []
-    for tensor in model.graph.initializer:
-        size = tensor_bytes(tensor)
-        if _is_external(tensor):
-            plan.append((tensor, "copy" if external else "load", size))
-        elif external and size >= MIN_EXTERNAL_TENSOR_BYTES and tensor.data_type != _onnx().TensorProto.STRING:
-            plan.append((tensor, "raw", size))
-        else:
-            plan.append((tensor, "inline", size))
-    return plan
-
-
-def _write_model(model: Any, plan: list[tuple[Any, str, int]], location: str, graph_out: "_Hashing", data_out: "_Hashing",
-                 sources: "_Sources") -> None:
-    onnx = _onnx()
-    head, tail = _split(model, _GRAPH_FIELD, onnx.ModelProto)
-    graph_head, graph_tail = _split(model.graph, _INITIALIZER_FIELD, onnx.GraphProto)
-    # tensor, how, offset and length in the data file, size of its serialised entry in the graph
-    pieces: list[tuple[Any, str, int, int, int]] = []
-    offset = 0
-    for tensor, how, size in plan:
-        if how == "copy":
-            size = sources.length(tensor)
-        if how in ("raw", "copy"):
-            if size >= ALIGN_FROM_BYTES and offset % ALIGN_BYTES:
-                offset += ALIGN_BYTES - offset % ALIGN_BYTES
-            entry = _stub(onnx, tensor, location, offset, size).ByteSize()
-            pieces.append((tensor, how, offset, size, entry))
-            offset += size
-        elif how == "load":  # external in the source, inline in the result: load it on its own
-            tensor = sources.loaded(tensor)
-            pieces.append((tensor, "inline", 0, 0, tensor.ByteSize()))
-        else:
-            pieces.append((tensor, how, 0, 0, tensor.ByteSize()))
-    graph_head_bytes, graph_tail_bytes = graph_head.SerializeToString(), graph_tail.SerializeToString()
-    graph_size = len(graph_head_bytes) + len(graph_tail_bytes) + sum(_len_prefixed(n) for *_, n in pieces)
-    graph_out.write(head.SerializeToString())
-    if model.HasField("graph"):
-        graph_out.write(_tag(_GRAPH_FIELD) + _varint(graph_size))
-        graph_out.write(graph_head_bytes)
-        for tensor, how, at, length, size in pieces:
-            if how == "inline":
-                data = tensor.SerializeToString()
-            else:
-                data_out.pad_to(at)
-                if how == "raw":
-                    data_out.write(_raw_bytes(onnx, tensor))
-                else:
-                    sources.copy_to(tensor, data_out)
-                data = _stub(onnx, tensor, location, at, length).SerializeToString()
-            if len(data) != size:
-                raise InternalError(f"save: tensor {tensor.name} serialised to {len(data)} bytes, planned {size}")
-            graph_out.write(_tag(_INITIALIZER_FIELD) + _varint(len(data)))
-            graph_out.write(data)
-        graph_out.write(graph_tail_bytes)
-    graph_out.write(tail.SerializeToString())
-
-
-def _split(message: Any, number: int, cls: Any) -> tuple[Any, Any]:
-    """Two messages holding ``message``'s fields below and above field ``number``."""
-    before, after = cls(), cls()
-    for field, value in message.ListFields():
-        if field.number != number:
-            _set_field(before if field.number < number else after, field, value)
-    return before, after
-
-
-def _raw_bytes(onnx: Any, tensor: Any) -> bytes:
-    if tensor.HasField("raw_data"):
-        return tensor.raw_data
-    import numpy as np
-
-    array = onnx.numpy_helper.to_array(tensor)
-    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-
-
-def _tag(number: int) -> bytes:
-    return _varint(number << 3 | 2)  # wire type 2: length-delimited
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if value:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
-
-def _len_prefixed(size: int) -> int:
-    return len(_tag(_INITIALIZER_FIELD)) + len(_varint(size)) + size
-
-
-class _Hashing:
-    """A file being written and the sha256 of what was written to it."""
-
-    def __init__(self, fh: BinaryIO, digest: Any):
-        self.fh, self.digest, self.size = fh, digest, 0
-
-    def write(self, data: bytes) -> None:
-        self.fh.write(data)
-        self.digest.update(data)
-        self.size += len(data)
-
-    def pad_to(self, offset: int) -> None:
-        if offset > self.size:
-            self.write(b"\0" * (offset - self.size))
-
-
-class _Sources:
-    """Open data files of a model loaded with ``weights=False``, read one tensor at a time."""
-
-    CHUNK = 16 << 20
-
-    def __init__(self, root: str | os.PathLike | None):
-        self.root = Path(root) if root is not None else None
-        self.files: dict[str, BinaryIO] = {}
-
-    def __enter__(self) -> "_Sources":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for fh in self.files.values():
-            fh.close()
-
-    def _span(self, tensor: Any) -> tuple[BinaryIO, int, int]:
-        if self.root is None:
-            raise InternalError(f"save: tensor {tensor.name} is on disk and no source_dir was given")
-        info = _external_info(tensor)
-        name = info["location"]
-        if name not in self.files:
-            try:
-                self.files[name] = open(self.root / name, "rb")
-            except OSError as exc:
-                raise UserError(f"cannot read {self.root / name} (the weights of the graph being written): {exc.strerror}") from None
-        fh, offset = self.files[name], int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else os.fstat(fh.fileno()).st_size - offset
-        return fh, offset, length
-
-    def length(self, tensor: Any) -> int:
-        return self._span(tensor)[2]
-
-    def copy_to(self, tensor: Any, out: _Hashing) -> None:
-        fh, offset, length = self._span(tensor)
-        fh.seek(offset)
-        while length > 0:
-            block = fh.read(min(self.CHUNK, length))
-            if not block:
-                raise UserError(f"{fh.name} is shorter than its graph says (tensor {tensor.name}); re-create the graph")
-            out.write(block)
-            length -= len(block)
-
-    def loaded(self, tensor: Any) -> Any:
-        onnx = _onnx()
-        fh, offset, length = self._span(tensor)
-        fh.seek(offset)
-        full = onnx.TensorProto()
-        for field, value in tensor.ListFields():
-            if field.name not in _DATA_FIELDS:
-                _set_field(full, field, value)
-        full.raw_data = fh.read(length)
-        return full
 
 
 # -- atomic files -------------------------------------------------------------------------------

@@ -39,8 +39,8 @@ from .common import command, parse_model_args, split_csv
 @click.option("--normalize-embedding", is_flag=True, help="L2-normalise the embedding output inside the graph (for cosine retrieval).")
 @click.option("--external-data-threshold", "external_data", metavar="SIZE",
               help="Write a graph whose weights exceed SIZE (e.g. 512MiB, 1GiB; 0: always) with its weights in <graph>.onnx.data "
-                   "beside it; recorded for the bundle's later passes. Default: $VITDEPLOY_EXTERNAL_DATA_THRESHOLD or 1GiB "
-                   "(graphs near protobuf's 2 GiB limit always).")
+                   "beside it; recorded, so the bundle's later passes (fp16, int8, CPU and TensorRT 8.x graphs) follow it. "
+                   "Default: $VITDEPLOY_EXTERNAL_DATA_THRESHOLD, else 1GiB (graphs near protobuf's 2 GiB limit always).")
 def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize,
             variable_size, canvas, variable_policy, channel_order,
             input_format, pos_interp, align_corners, antialias, precision, keep_fp32, no_simplify, no_check, check_images,
