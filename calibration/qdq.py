@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from vitdeploy import onnx_io
 from vitdeploy.bundle import embed_manifest
 from vitdeploy.errors import InternalError, UserError
@@ -56,7 +58,8 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     "percentile": {"num_bins": 2048, "percentile": 99.999},
 }
 CALIBRATION_BATCH = 8
-BATCHES_PER_COLLECT = 4  # batches held in memory per collect_data call
+BATCHES_PER_COLLECT = 4  # batches held in memory per collect_data call (fewer for large models)
+COLLECT_BUDGET_BYTES = 512 << 20  # calibrated tensors held per collect_data call (collection_plan)
 
 
 @dataclass(frozen=True)
@@ -130,12 +133,38 @@ class _Batches:
         return next(self._iter, None)
 
 
-def _chunks(feeds: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Groups of up to BATCHES_PER_COLLECT batches of one shape: ORT's histogram collector stacks
+def collection_plan(fp32_path: str | Path, images: np.ndarray, budget_bytes: int = COLLECT_BUDGET_BYTES) -> tuple[int, int]:
+    """(batch, batches per collect_data call) whose calibrated tensors stay within ``budget_bytes``.
+
+    ORT's calibrators hold every calibrated tensor (the inputs of each MatMul/Gemm/Conv) of all the
+    batches of one collect_data call, and the histogram collector stacks them once more: for ViT-L/16
+    at 224 that is about 250 MB per image (24 blocks x 197 tokens x (6d + MLP width + heads x tokens)
+    floats), so 32 images per call (8 x 4, right for the digits model's 0.8 MB) would hold 8 GB. The
+    per-image bytes come from the ViT spec bound in the graph (issue 32: calibration memory that grows
+    with the model, not with the images); a graph without it keeps the fixed plan.
+    """
+    from vitdeploy.bundle import read_onnx_manifest
+    from vitdeploy.spec import ViTSpec
+
+    try:
+        spec = ViTSpec.from_dict(read_onnx_manifest(Path(fp32_path))["spec"])
+    except (UserError, KeyError, TypeError, ValueError):
+        return CALIBRATION_BATCH, BATCHES_PER_COLLECT
+    height, width = (int(v) for v in images.shape[1:3])
+    tokens = spec.seq_len(height, width)
+    mlp = int(spec.embed_dim * spec.mlp_ratio)
+    per_image = 4 * spec.depth * tokens * (6 * spec.embed_dim + mlp + spec.num_heads * tokens)
+    fit = max(1, budget_bytes // max(1, 2 * per_image))  # x2: the collector's stacked copy
+    batch = min(CALIBRATION_BATCH, fit)
+    return batch, max(1, min(BATCHES_PER_COLLECT, fit // batch))
+
+
+def _chunks(feeds: list[dict[str, Any]], per_call: int = BATCHES_PER_COLLECT) -> list[list[dict[str, Any]]]:
+    """Groups of up to ``per_call`` batches of one shape: ORT's histogram collector stacks
     the outputs of one collect_data call, so a shorter last batch must go in a call of its own."""
     groups: list[list[dict[str, Any]]] = []
     for feed in feeds:
-        if groups and len(groups[-1]) < BATCHES_PER_COLLECT and _shapes(groups[-1][0]) == _shapes(feed):
+        if groups and len(groups[-1]) < per_call and _shapes(groups[-1][0]) == _shapes(feed):
             groups[-1].append(feed)
         else:
             groups.append([feed])
@@ -184,7 +213,8 @@ def compute_ranges(
                 extra_options=options,
             )
         done = 0
-        for chunk in _chunks(list(source.feeds(input_name, CALIBRATION_BATCH))):
+        batch, per_call = collection_plan(fp32_path, source.images)
+        for chunk in _chunks(list(source.feeds(input_name, batch)), per_call):
             with _quiet():
                 calibrator.collect_data(_Batches(chunk))
             done += sum(len(feed[input_name]) for feed in chunk)
@@ -198,7 +228,8 @@ def compute_ranges(
         "method": method,
         "method_options": {k: v for k, v in options.items()},
         "images": len(source),
-        "batch": CALIBRATION_BATCH,
+        "batch": batch,
+        "batches_per_collect": per_call,
         "tensors": len(ranges.data),
         "seconds": round(time.perf_counter() - start, 2),
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command, echo_json, split_csv
+from .common import command, echo_json, graph_memory_line, split_csv
 
 
 @command("convert")
@@ -43,6 +43,7 @@ def command(bundle, precision, target, keep_fp32, as_json):
             echo_json(record)
         else:
             click.echo(f"wrote {path.name}: {record['fusion']['attention_fused']} attention blocks fused; ONNX Runtime on CPUs uses it")
+            click.echo(graph_memory_line(record))
         return
 
     if precision == "int8":
@@ -59,6 +60,7 @@ def command(bundle, precision, target, keep_fp32, as_json):
     click.echo(f"wrote {path.name}: fp32 kept for {', '.join(record['kept_fp32_op_types'])} and "
                f"{record['preprocessing_nodes_fp32']} preprocessing nodes; seeded-image check: max |dlogit| "
                f"{sanity.get('max_abs_logit_diff', float('nan')):.2e}, top-1 agreement {sanity.get('top1_agreement', float('nan')):.0%}")
+    click.echo(graph_memory_line(record))
     mask = record.get("mask_path")
     if mask:  # a variable-size (images, valid_hw) graph
         click.echo(f"variable size: the {mask['mask_path_nodes']} nodes computed from valid_hw (masks, key bias, per-sample position "
