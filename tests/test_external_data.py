@@ -36,9 +36,13 @@ SINGLE_FILE = 1 << 40  # a threshold no test graph reaches: one file, whatever V
 
 
 @pytest.fixture(scope="module")
-def digits_graph(export_cached: Any) -> Any:
-    """The trained digits model's fp32 graph as exported in one file (a ModelProto as protobuf parsed it)."""
-    return onnx.load(str(export_cached("builtin:digits", external_data_threshold=SINGLE_FILE).artifact_path("fp32")))
+def digits_graph(digits_bundle: Any) -> Any:
+    """The trained digits model's fp32 graph, every weight in the message (as a single-file export
+    parses; onnx.load of external data marks each tensor's location DEFAULT explicitly: cleared)."""
+    model = onnx.load(str(digits_bundle.artifact_path("fp32")))
+    for tensor in model.graph.initializer:
+        tensor.ClearField("data_location")
+    return model
 
 
 # -- onnx_io -----------------------------------------------------------------------------------
