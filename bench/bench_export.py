@@ -12,8 +12,16 @@
    dynamo export, onnxslim, writing; onnxslim's graph is then gated by the verification the CLI
    line runs, so a verified export has no separate identity check).
 
+4. (issue 32, ``--large``) the largest ViTs, one command after the other as a user runs them, each
+   under ``/usr/bin/time -v``: ``vitdeploy export timm:NAME -o DIR --dynamic-resolution`` (random
+   weights: ``--random-init`` where the export has that option), ``vitdeploy convert DIR --precision
+   fp16`` and ``vitdeploy calibrate DIR --data digits:train --samples 16 --method minmax``: seconds,
+   peak RSS, the graph's and its data file's sizes, the verification's max |d|, the load average
+   before and after, and the memory available before each (a step is skipped below --min-free-gb).
+
     python bench/bench_export.py --threads 2 --rounds 5 --iters 20 --json out.json
     python bench/bench_export.py --scale vit_small_patch14_dinov2 --scale vit_base_patch16_224 --json scale.json
+    python bench/bench_export.py --large vit_large_patch16_224 --large vit_huge_patch14_224 --json large.json
 """
 
 from __future__ import annotations
@@ -192,6 +200,59 @@ def export_cli(model_name: str, work: Path) -> dict:
             "peak_rss_mb": round(int(rss.group(1)) / 1024) if rss else None, "log": lines, "loadavg_after": os.getloadavg()}
 
 
+def timed(cmd: list[str], min_free_gb: float) -> dict:
+    """``cmd`` under /usr/bin/time -v: exit code, wall seconds, peak RSS, the log's last lines, load."""
+    import re
+    import subprocess
+
+    from vitdeploy.costs import available_memory_bytes
+
+    free_gb = (available_memory_bytes() or 0) / 1e9
+    row = {"command": " ".join(cmd), "available_gb_before": round(free_gb, 1), "loadavg_before": os.getloadavg()}
+    if free_gb < min_free_gb:
+        return {**row, "skipped": f"only {free_gb:.1f} GB available (< {min_free_gb:g})"}
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
+    text = proc.stdout + proc.stderr
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", text)
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    parts = [float(p) for p in wall.group(1).split(":")] if wall else []
+    log = [line for line in text.splitlines() if line and not line.startswith("\t")]
+    return {**row, "exit": proc.returncode, "wall_s": round(sum(p * 60 ** i for i, p in enumerate(reversed(parts))), 1) if parts else None,
+            "peak_rss_gb": round(int(rss.group(1)) * 1024 / 1e9, 2) if rss else None, "log": log[-8:], "loadavg_after": os.getloadavg()}
+
+
+def large_model(model_name: str, work: Path, min_free_gb: float) -> dict:
+    """Part 4: export (dynamic), fp16 and int8 of timm:``model_name``, with sizes and verification."""
+    import subprocess
+    import sys
+
+    cli = str(Path(sys.executable).with_name("vitdeploy"))
+    out = work / model_name
+    help_text = subprocess.run([cli, "export", "--help"], capture_output=True, text=True).stdout
+    random_init = ["--random-init"] if "--random-init" in help_text else []  # pretrained weights became the default
+    steps = {"export": timed([cli, "export", f"timm:{model_name}", "-o", str(out), "--dynamic-resolution", *random_init], min_free_gb)}
+    if steps["export"].get("exit") == 0:
+        steps["fp16"] = timed([cli, "convert", str(out), "--precision", "fp16"], min_free_gb)
+        steps["int8"] = timed([cli, "calibrate", str(out), "--data", "digits:train", "--samples", "16", "--method", "minmax"], min_free_gb)
+    result = {"model": model_name, "steps": steps}
+    manifest_path = out / "manifest.json"
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        result["files"] = {k: {"graph_bytes": r.get("bytes"), "data_bytes": (r.get("data") or {}).get("bytes")}
+                           for k, r in manifest.get("artifacts", {}).items()}
+        check = (manifest.get("records") or {}).get("export_check") or {}
+        worst: dict[str, float] = {}
+        for size in check.get("sizes", []):
+            for name, o in size.get("outputs", {}).items():
+                worst[name] = max(worst.get(name, 0.0), o.get("max_abs", 0.0))
+        result["verification"] = {"passed": check.get("passed"), "max_abs": worst,
+                                  "sizes": [f"{s['height']}x{s['width']}" for s in check.get("sizes", [])]}
+        fp16 = manifest.get("artifacts", {}).get("fp16", {}).get("sanity")
+        if fp16:
+            result["fp16_sanity"] = {k: fp16.get(k) for k in ("output", "max_abs_logit_diff", "images")}
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="vit_small_patch16_224")
@@ -201,7 +262,20 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--scale", action="append", default=[], metavar="TIMM_NAME",
                         help="only part 3: time the dynamic-resolution export of this timm model (repeatable)")
+    parser.add_argument("--large", action="append", default=[], metavar="TIMM_NAME",
+                        help="only part 4: export, fp16 and int8 of this timm model, each under /usr/bin/time -v (repeatable)")
+    parser.add_argument("--min-free-gb", type=float, default=14.0, help="part 4: skip a step when less memory is available")
+    parser.add_argument("--work", type=Path, help="part 4: keep the bundles here (default: a temporary folder)")
     args = parser.parse_args()
+    if args.large:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = args.work or Path(tmp)
+            result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+                      "models": [large_model(name, work, args.min_free_gb) for name in args.large]}
+        print(json.dumps(result, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return
     if args.scale:
         with tempfile.TemporaryDirectory() as tmp:
             result = {"machine": {"cpu": platform.processor() or platform.machine(), "loadavg_before": os.getloadavg()},

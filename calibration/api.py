@@ -11,16 +11,16 @@ per output) and checked for finite outputs on edge valid_hw rows before anything
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from vitdeploy import onnx_io
 from vitdeploy.bundle import ARTIFACT_FILES, Bundle
 from vitdeploy.errors import CheckFailed, UserError
-from vitdeploy.fileio import atomic_path, sha256_file
+from vitdeploy.fileio import sha256_file
 from vitdeploy.lazy import require
 
 from .evaluate import GATED_EXECUTION, Gate, graph_outputs, latency_ms, load_eval_data
@@ -220,8 +220,7 @@ def calibrate_bundle(
         if sanity is not None:
             record["sanity"] = sanity
         dst = bundle.root / ARTIFACT_FILES["int8"]
-        with atomic_path(dst) as tmp_dst:
-            shutil.copyfile(graph, tmp_dst)
+        onnx_io.copy(graph, dst)  # the graph and its data file, atomically, the data file renamed after dst
         bundle.add_artifact("int8", dst, record)
     return bundle.artifact_record("int8")
 

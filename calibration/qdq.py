@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
+from vitdeploy import onnx_io
 from vitdeploy.bundle import embed_manifest
 from vitdeploy.errors import InternalError, UserError
 from vitdeploy.lazy import require
@@ -57,7 +60,8 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     "percentile": {"num_bins": 2048, "percentile": 99.999},
 }
 CALIBRATION_BATCH = 8
-BATCHES_PER_COLLECT = 4  # batches held in memory per collect_data call
+BATCHES_PER_COLLECT = 4  # batches held in memory per collect_data call (fewer for large models)
+COLLECT_BUDGET_BYTES = 512 << 20  # calibrated tensors held per collect_data call (collection_plan)
 
 
 def settings_for(target: str) -> QuantSettings:
@@ -104,12 +108,38 @@ class _Batches:
         return next(self._iter, None)
 
 
-def _chunks(feeds: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Groups of up to BATCHES_PER_COLLECT batches of one shape: ORT's histogram collector stacks
+def collection_plan(fp32_path: str | Path, images: np.ndarray, budget_bytes: int = COLLECT_BUDGET_BYTES) -> tuple[int, int]:
+    """(batch, batches per collect_data call) whose calibrated tensors stay within ``budget_bytes``.
+
+    ORT's calibrators hold every calibrated tensor (the inputs of each MatMul/Gemm/Conv) of all the
+    batches of one collect_data call, and the histogram collector stacks them once more: for ViT-L/16
+    at 224 that is about 250 MB per image (24 blocks x 197 tokens x (6d + MLP width + heads x tokens)
+    floats), so 32 images per call (8 x 4, right for the digits model's 0.8 MB) would hold 8 GB. The
+    per-image bytes come from the ViT spec bound in the graph (issue 32: calibration memory that grows
+    with the model, not with the images); a graph without it keeps the fixed plan.
+    """
+    from vitdeploy.bundle import read_onnx_manifest
+    from vitdeploy.spec import ViTSpec
+
+    try:
+        spec = ViTSpec.from_dict(read_onnx_manifest(Path(fp32_path))["spec"])
+    except (UserError, KeyError, TypeError, ValueError):
+        return CALIBRATION_BATCH, BATCHES_PER_COLLECT
+    height, width = (int(v) for v in images.shape[1:3])
+    tokens = spec.seq_len(height, width)
+    mlp = int(spec.embed_dim * spec.mlp_ratio)
+    per_image = 4 * spec.depth * tokens * (6 * spec.embed_dim + mlp + spec.num_heads * tokens)
+    fit = max(1, budget_bytes // max(1, 2 * per_image))  # x2: the collector's stacked copy
+    batch = min(CALIBRATION_BATCH, fit)
+    return batch, max(1, min(BATCHES_PER_COLLECT, fit // batch))
+
+
+def _chunks(feeds: list[dict[str, Any]], per_call: int = BATCHES_PER_COLLECT) -> list[list[dict[str, Any]]]:
+    """Groups of up to ``per_call`` batches of one shape: ORT's histogram collector stacks
     the outputs of one collect_data call, so a shorter last batch must go in a call of its own."""
     groups: list[list[dict[str, Any]]] = []
     for feed in feeds:
-        if groups and len(groups[-1]) < BATCHES_PER_COLLECT and _shapes(groups[-1][0]) == _shapes(feed):
+        if groups and len(groups[-1]) < per_call and _shapes(groups[-1][0]) == _shapes(feed):
             groups[-1].append(feed)
         else:
             groups.append([feed])
@@ -142,6 +172,7 @@ def compute_ranges(
     check_sample_count(source, method)
     settings = settings_for(target)
     input_name = onnx.load(str(fp32_path), load_external_data=False).graph.input[0].name
+    external = bool(onnx_io.referenced_files(fp32_path))  # past 2 GiB the augmented graph can only be so
     options = dict(METHOD_OPTIONS[method])
     # TensorRT takes symmetric activation scales: calibrate symmetric ranges to begin with.
     options["symmetric"] = settings.activation_symmetric
@@ -153,10 +184,12 @@ def compute_ranges(
                 list(QUANTIZABLE_OPS),
                 augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                 calibrate_method=_method_enum(quant, method),
+                use_external_data_format=external,
                 extra_options=options,
             )
         done = 0
-        for chunk in _chunks(list(source.feeds(input_name, CALIBRATION_BATCH))):
+        batch, per_call = collection_plan(fp32_path, source.images)
+        for chunk in _chunks(list(source.feeds(input_name, batch)), per_call):
             with _quiet():
                 calibrator.collect_data(_Batches(chunk))
             done += sum(len(feed[input_name]) for feed in chunk)
@@ -170,7 +203,8 @@ def compute_ranges(
         "method": method,
         "method_options": {k: v for k, v in options.items()},
         "images": len(source),
-        "batch": CALIBRATION_BATCH,
+        "batch": batch,
+        "batches_per_collect": per_call,
         "tensors": len(ranges.data),
         "seconds": round(time.perf_counter() - start, 2),
     }
@@ -188,9 +222,8 @@ def quantize_graph(
     Raises InternalError when the written graph breaks the placement policy (never shipped).
     """
     quant = require("onnxruntime.quantization", "INT8 quantization")
-    onnx = require("onnx")
     settings = settings_for(recipe.target)
-    model = onnx.load(str(fp32_path))
+    model = onnx_io.load(fp32_path, weights=False)  # names and structure only: the weights stay on disk
     graph_meta = ((manifest or {}).get("graph") or {})
     excluded = resolve(model, graph_meta, recipe.exclusions)
     # variable-size graphs: no Q/DQ on what is computed from valid_hw before it meets the image (the
@@ -230,9 +263,11 @@ def quantize_graph(
             calibrate_method=_method_enum(quant, recipe.method),
             extra_options=extra,
             calibration_cache_path=str(ranges_path),
+            # ORT's quantizer writes <out>.data, vitdeploy's rule too (vitdeploy.onnx_io)
+            use_external_data_format=bool(onnx_io.referenced_files(fp32_path)),
         )
     seconds = time.perf_counter() - start
-    qmodel = onnx.load(str(out_path))
+    qmodel = onnx_io.load(out_path)
     placement = inspect_qdq_placement(qmodel, excluded["nodes"], recipe.target)
     if placement["violations"]:
         raise InternalError("the Q/DQ graph breaks the ViT placement policy: " + "; ".join(placement["violations"][:5]))
@@ -241,7 +276,7 @@ def quantize_graph(
         core.setdefault("graph", {})["precision"] = "int8"
         core["graph"]["quantization"] = {**recipe.to_dict(), **settings.to_dict()}
         embed_manifest(qmodel, core)
-        onnx.save(qmodel, str(out_path))
+        onnx_io.save(qmodel, out_path, manifest=manifest)  # external data past the bundle's threshold
     return {
         "recipe": recipe.to_dict(),
         "settings": settings.to_dict(),

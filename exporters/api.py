@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import onnx
 import torch
 
 import vitdeploy
+from vitdeploy import onnx_io
 from vitdeploy.bundle import (ARTIFACT_FILES, FORMAT, LABELS, MANIFEST, Bundle, check_export_target, embed_manifest, read_labels,
                               refuse_export_precisions, write_labels)
 from vitdeploy.errors import CheckFailed, UsageError, UserError
-from vitdeploy.fileio import atomic_path, atomic_write_json, ensure_writable_dir, sha256_file, staged_directory
+from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, staged_directory
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
 
+from .export_memory import check_export_fits, log_peak, release, release_torch_model
 from .features import describe_outputs, output_doc, resolve_outputs
 from .graph import INPUT_FORMATS, DeployGraph
 from .onnx_export import (OPSET, export_graph, module_output_map, ort_difference, patch_embed_tensors, run_onnxslim,
@@ -27,7 +29,7 @@ from .onnx_export import (OPSET, export_graph, module_output_map, ort_difference
 from .regrid import make_dynamic, regrid_static
 from .sources import LoadedModel, load_source
 from .fp16_keep import fp16_summary
-from .verify import verify_export  # noqa: F401 - export() calls it through this module (tests patch it here)
+from .verify import reference_outputs, verify_export  # noqa: F401 - export() calls it through this module (tests patch it here)
 
 RANDOM_INIT_SEED = 0  # timm/HF models without a checkpoint are seeded so the reference can be rebuilt
 
@@ -59,6 +61,8 @@ class ExportOptions:
     # for a model with a head, embedding,patch_grid for a backbone without one
     outputs: tuple[str, ...] | None = None
     normalize_embedding: bool = False  # L2-normalise the embedding output inside the graph
+    # weights above this many bytes go to model.onnx.data (vitdeploy.onnx_io); None: the env var or 1 GiB
+    external_data_threshold: int | None = None
 
 
 def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: ExportOptions | None = None,
@@ -104,6 +108,11 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     module = DeployGraph(variant.model, preprocessing, opts.input_format, resize_to, outputs=outputs, loaded=variant,
                          normalize_embedding=opts.normalize_embedding).eval()
     example = _example(opts, height, width, variant.spec.patch_size)
+    # Memory (issue 32): refuse up front what cannot fit; PyTorch's outputs for the verification are
+    # computed now, so the model is freed before the graph is simplified, written and loaded.
+    plan_bundle = Bundle(out_dir, manifest_head(out_dir, loaded, variant.spec, preprocessing, resolution, opts.opset))
+    check_export_fits(variant, plan_bundle, opts, log)
+    references = reference_outputs(plan_bundle, variant, opts.check_images, log) if opts.check else None
     model_proto, seconds = export_graph(module, example, dynamic_hw=opts.dynamic_resolution or opts.resize, opset=opts.opset,
                                         output_names=outputs)
     log(f"exported with torch.onnx (dynamo, opset {opts.opset}) in {seconds:.1f} s: {len(model_proto.graph.node)} nodes")
@@ -111,9 +120,17 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     modules = module_output_map(model_proto, [f"model.{m}" for m in torch_module_names(variant)])
     grid_of = (f"model input after the in-graph resize to {height}x{width}" if opts.resize else "input image")
     output_details = describe_outputs(variant, outputs, opts.normalize_embedding, dynamic_grid=opts.dynamic_resolution, grid_of=grid_of)
+    del module, example
+    release_torch_model(loaded, variant)
+    # the graph travels in a one-item list that finish() empties, so nothing here holds it once written
+    exporter_graph = [model_proto]
+    del model_proto
 
-    def finish(proto: Any, simplify_record: dict[str, Any], slim_timing: dict[str, Any]) -> Bundle:
-        """Write the bundle around ``proto`` and verify it (CheckFailed leaves nothing written)."""
+    def finish(graph: list[Any], simplify_record: dict[str, Any], slim_timing: dict[str, Any],
+               diagnose: Callable[[Path], None] | None = None) -> Bundle:
+        """Write the bundle around the graph in ``graph`` (taken out of it, so it is freed once written)
+        and verify it (CheckFailed leaves nothing written; ``diagnose`` looks at the written graph first)."""
+        proto = graph.pop()
         tensors = {node_out for node in proto.graph.node for node_out in node.output}
         kept_modules = {m: t for m, t in modules.items() if t in tensors}  # a simplifier may rename a few
         _document_outputs(proto, output_details)
@@ -130,66 +147,85 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
                 "patch_embed": patch_embed_tensors(proto) if opts.input_format == "uint8-nhwc" else None,
                 **{f"simplify_{k}": v for k, v in simplify_record.items()},
         })
+        if opts.external_data_threshold is not None:  # the bundle's later passes follow the same rule
+            manifest["storage"] = {onnx_io.MANIFEST_KEY: int(opts.external_data_threshold)}
         # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights
         # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
         manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"],
                                           **({"simplify": slim_timing} if opts.simplify else {})}}
         with staged_directory(out_dir, before_swap=lambda: check_export_target(out_dir)) as stage:
-            _write_graph(stage / ARTIFACT_FILES["fp32"], proto, manifest)
+            written = _write_graph(stage / ARTIFACT_FILES["fp32"], proto, manifest)
+            del proto
+            release()
             write_labels(stage / LABELS, loaded.labels)
-            fp32_sha = sha256_file(stage / ARTIFACT_FILES["fp32"])
-            manifest["artifacts"] = {"fp32": {"file": ARTIFACT_FILES["fp32"], "sha256": fp32_sha,
-                                              "bytes": (stage / ARTIFACT_FILES["fp32"]).stat().st_size}}
-            _carry_over(out_dir, stage, manifest, fp32_sha, log)
+            manifest["artifacts"] = {"fp32": written}
+            _carry_over(out_dir, stage, manifest, written["sha256"], log)
             atomic_write_json(stage / MANIFEST, manifest)
             bundle = Bundle(stage, manifest)
             if opts.check:
-                record = verify_export(bundle, variant, opts.check_images, log)
+                record = verify_export(bundle, references, opts.check_images, log)
                 manifest.setdefault("records", {})["export_check"] = record
                 atomic_write_json(stage / MANIFEST, manifest)
                 if not record["passed"]:
+                    if diagnose is not None:
+                        diagnose(stage / ARTIFACT_FILES["fp32"])
                     raise CheckFailed(f"exported graph does not match PyTorch: {'; '.join(record['failures'])} (bundle not written)")
+            release()
             if "fp16" in opts.precisions:
                 from .fp16 import add_fp16_to_bundle
 
                 fp16 = Bundle.open(add_fp16_to_bundle(bundle, keep_fp32_ops=opts.keep_fp32, data=opts.fp16_data, log=log).parent)
                 log(fp16_summary(fp16.artifact_record("fp16")))
+            log_peak(log, written)
         return Bundle.open(out_dir)
 
     if not opts.simplify:
-        return finish(model_proto, {"simplifier": None}, {})
+        return finish(exporter_graph, {"simplifier": None}, {})
     probe = _probe(opts, height, width, variant.spec.patch_size)
     probe_hw = list(probe.shape[1:3] if opts.input_format == "uint8-nhwc" else probe.shape[2:4])
     if not opts.check:
         # nothing verifies the graph afterwards: onnxslim's graph must give bit-identical ORT outputs
-        proto, record = simplify_if_identical(model_proto, probe)
+        proto, record = simplify_if_identical(exporter_graph.pop(), probe)
         timing = _pop_timing(record, probe_hw)
         took = (f" in {timing['slim_s']:.1f} s + identity check {timing['identity_check_s']:.1f} s "
                 f"at {probe_hw[0]}x{probe_hw[1]}") if "identity_check_s" in timing else ""
         log(f"simplified with onnxslim (outputs identical){took}" if record.get("applied")
             else f"kept the exporter's graph: {record.get('reason')}")
-        return finish(proto, record, timing)
+        return finish([proto], record, timing)
     # The verification against PyTorch that follows gates onnxslim's graph like any other: a separate
     # identity check would build two more ORT sessions of the whole graph (ViT-B/16: 7-10 s and the
-    # export's peak memory). Only when that verification fails does the probe say whose fault it is.
-    slim, record = run_onnxslim(model_proto)
-    if slim is None:
-        log(f"kept the exporter's graph: {record.get('reason')}")
-        return finish(model_proto, record, _pop_timing(record, None))
-    record["gate"] = "the export's verification against PyTorch"
-    timing = _pop_timing(record, None)
-    log(f"simplified with onnxslim in {timing['slim_s']:.1f} s: {record['nodes_before']} -> {record['nodes_after']} nodes "
-        "(gated by the verification below)")
-    try:
-        return finish(slim, record, timing)
-    except CheckFailed as failure:
-        worst = ort_difference(model_proto, slim, probe)  # onnxslim returns a new graph, the exporter's is intact
-        if worst == 0.0:
-            raise  # onnxslim's graph computes what the exporter's does: the export itself is wrong
-        log(f"onnxslim's graph failed the verification ({failure}) and differs from the exporter's graph on a "
-            f"{probe_hw[0]}x{probe_hw[1]} probe (max |d| {worst:.3g}): verifying the exporter's graph instead")
-        kept = {"simplifier": "onnxslim", "applied": False, "reason": f"outputs changed (max |d| {worst:.3g}) and failed verification"}
-        return finish(model_proto, kept, {**timing, "probe_hw": probe_hw})
+    # export's peak memory). Only when that verification fails does the probe say whose fault it is,
+    # against the exporter's graph, which waits on disk meanwhile: onnxslim holds its input and output
+    # (about 2.1x the weights), and only 1.1x when nothing else holds its input (measured, ViT-B/16).
+    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.exporter.", dir=out_dir.parent) as keep:
+        exporter_file = Path(keep) / ARTIFACT_FILES["fp32"]
+        onnx_io.save(exporter_graph[0], exporter_file)
+        slim, record = run_onnxslim(exporter_graph.pop())
+        release()
+        if slim is None:
+            log(f"kept the exporter's graph: {record.get('reason')}")
+            return finish([onnx_io.load(exporter_file)], record, _pop_timing(record, None))
+        record["gate"] = "the export's verification against PyTorch"
+        timing = _pop_timing(record, None)
+        log(f"simplified with onnxslim in {timing['slim_s']:.1f} s: {record['nodes_before']} -> {record['nodes_after']} nodes "
+            "(gated by the verification below)")
+        blame: dict[str, float] = {}
+
+        def diagnose(slim_path: Path) -> None:
+            blame["worst"] = ort_difference(exporter_file, slim_path, probe)
+
+        slim_box = [slim]
+        del slim
+        try:
+            return finish(slim_box, record, timing, diagnose)
+        except CheckFailed as failure:
+            worst = blame.get("worst", 0.0)
+            if worst == 0.0:
+                raise  # onnxslim's graph computes what the exporter's does: the export itself is wrong
+            log(f"onnxslim's graph failed the verification ({failure}) and differs from the exporter's graph on a "
+                f"{probe_hw[0]}x{probe_hw[1]} probe (max |d| {worst:.3g}): verifying the exporter's graph instead")
+            kept = {"simplifier": "onnxslim", "applied": False, "reason": f"outputs changed (max |d| {worst:.3g}) and failed verification"}
+            return finish([onnx_io.load(exporter_file)], kept, {**timing, "probe_hw": probe_hw})
 
 
 def _pop_timing(record: dict[str, Any], probe_hw: list[int] | None) -> dict[str, Any]:
@@ -330,12 +366,12 @@ def _probe(opts: ExportOptions, height: int, width: int, patch: tuple[int, int])
     return random_images(2, height, width, seed=1)
 
 
-def _write_graph(path: Path, model_proto: Any, manifest: dict[str, Any]) -> None:
+def _write_graph(path: Path, model_proto: Any, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Write the graph (with external data past the bundle's threshold); returns its manifest record."""
     embed_manifest(model_proto, manifest)
     model_proto.producer_name = "vitdeploy"
     model_proto.producer_version = vitdeploy.__version__
-    with atomic_path(path) as tmp:
-        onnx.save(model_proto, str(tmp))
+    return onnx_io.save(model_proto, path, manifest=manifest)
 
 
 # graphs made from the fp32 graph (reduced precision, and the fused CPU graph): valid while it is unchanged
@@ -357,8 +393,9 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
         return
     for precision in DERIVED_GRAPHS:
         record = old.get("artifacts", {}).get(precision)
-        if record and (old_dir / record["file"]).is_file():
-            shutil.copy2(old_dir / record["file"], stage / record["file"])
+        if record and not onnx_io.check_files(old_dir, record, hashes=False):
+            for entry in [record] + ([record["data"]] if record.get("data") else []):  # the graph and its data file
+                shutil.copy2(old_dir / entry["file"], stage / entry["file"])
             manifest["artifacts"][precision] = record
     for sub in ("engines", "reports", "variants"):
         if (old_dir / sub).is_dir():

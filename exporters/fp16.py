@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 
+from vitdeploy import onnx_io
 from vitdeploy.bundle import ARTIFACT_FILES, METADATA_KEY, Bundle, embed_manifest
 from vitdeploy.errors import InternalError, UserError
-from vitdeploy.fileio import atomic_path, sha256_file
+from vitdeploy.fileio import sha256_file
 from vitdeploy.lazy import require
 
 from .onnx_types import tensor_elem_types  # noqa: F401 - part of this module's API
@@ -98,11 +99,9 @@ def convert_to_fp16(
     by default the core already in ``src``'s metadata is carried over. Returns the record that
     describes the conversion (stored with the artifact).
     """
-    onnx = require("onnx", "the fp16 pass")
     model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest, extra_nodes=tuple(keep_nodes), range_feeds=range_feeds,
                              data_max=data_max)
-    with atomic_path(dst) as tmp:
-        onnx.save(model, str(tmp))
+    record.update(onnx_io.save(model, dst, manifest=manifest))  # external data past the threshold
     return record
 
 
@@ -117,7 +116,6 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
     max / 8; ``inf`` turns the pass off). The graph is gated (:mod:`.fp16_gate`) before it replaces
     anything: a graph that fails, NaN included, never lands in the bundle (CheckFailed).
     """
-    onnx = require("onnx", "the fp16 pass")
     from .fp16_gate import gate_fp16, numeric_sanity
     from .fp16_range import DEFAULT_DATA_MAX, describe, range_feeds
 
@@ -136,8 +134,9 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
         record["range_pass"]["images"] = images
         if log is not None:
             log(describe(record["range_pass"]))
-    with atomic_path(dst) as tmp:
-        onnx.save(model, str(tmp))
+    with onnx_io.staged(dst) as tmp:  # graph and data file land together, after the gates below
+        record.update(onnx_io.save(model, tmp, manifest=bundle.manifest))
+        del model  # on disk now: the sanity and gate sessions below run from the files
         if bundle.variable_size:
             from .variable_precision import gate_sanity, variable_sanity
 
@@ -161,14 +160,10 @@ def _labelled(spec: str) -> bool:
 def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any] | None, extra_nodes: tuple[str, ...] = (),
              range_feeds: list[dict[str, Any]] | None = None, data_max: float = float("inf"),
              threads: int | None = None) -> tuple[Any, dict[str, Any]]:
-    onnx = require("onnx", "the fp16 pass")
     float16 = require("onnxconverter_common.float16", "the fp16 pass")
     if not src.is_file():
         raise UserError(f"no fp32 graph at {src}; create it with `vitdeploy export`")
-    try:
-        model = onnx.load(str(src))
-    except Exception as exc:  # onnx raises DecodeError and friends
-        raise UserError(f"{src} is not a readable ONNX file ({exc.__class__.__name__})") from None
+    model = onnx_io.load(src)
     if _has_float16(model):
         raise UserError(f"{src} already holds float16 tensors; the fp16 pass starts from the fp32 graph (model.onnx)")
 
@@ -209,6 +204,9 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
     source_sha = sha256_file(src)
     _prepare_initializers(model, taken | set(range_nodes), set(block_ops))
 
+    # the converter's own shape inference serialises the whole model (4x its memory; impossible past
+    # 2 GiB): infer on a weightless copy instead, which gives the converter the same value_info
+    onnx_io.infer_shapes(model, in_place=True)
     with warnings.catch_warnings(record=True) as caught:
         # the converter warns once per weight value it clamps to fp16's range; count them instead
         warnings.simplefilter("always")
@@ -217,7 +215,9 @@ def _convert(src: Path, keep_fp32_ops: tuple[str, ...], manifest: dict[str, Any]
             keep_io_types=True,  # uint8 in, fp32 logits/probs out: the bundle's contract does not change
             op_block_list=block_ops,
             node_block_list=pre_nodes + position_nodes + mask_nodes + named + range_nodes,
+            disable_shape_infer=True,
         )
+    del model
     clamped = sum(1 for w in caught if "truncated" in str(w.message))
     _drop_fp16_casts_on_outputs(converted)
     _drop_fp16_round_trips(converted)
@@ -433,9 +433,8 @@ def _drop_fp16_round_trips(model: Any) -> int:
 def _refresh_value_info(model: Any) -> Any:
     """Recompute value_info from the nodes. The converter leaves two entries (fp32 and fp16) for a
     tensor renamed around a blocked node, and ORT then refuses the graph on the stale one."""
-    onnx = require("onnx")
     del model.graph.value_info[:]
-    return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    return onnx_io.infer_shapes(model, in_place=True, strict_mode=False)
 
 
 def _has_float16(model: Any) -> bool:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitdeploy.lazy import require
+from vitdeploy import onnx_io
 
 
 def tensor_elem_types(model: Any) -> dict[str, int]:
     """ONNX element type of every tensor (graph inputs/outputs, initializers, inferred values)."""
-    onnx = require("onnx", "inspecting ONNX graphs")
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    inferred = onnx_io.infer_shapes(model, strict_mode=False)  # on a weightless copy: graphs past 2 GiB too
     types: dict[str, int] = {}
     graph = inferred.graph
     for value in list(graph.input) + list(graph.output) + list(graph.value_info):

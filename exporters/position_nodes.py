@@ -60,7 +60,7 @@ def position_subgraph_nodes(model: Any) -> list[str]:
 
 
 def _ranks(model: Any) -> dict[str, int]:
-    import onnx
+    from vitdeploy import onnx_io
 
     ranks = {i.name: len(i.dims) for i in model.graph.initializer}
     for node in model.graph.node:
@@ -69,7 +69,7 @@ def _ranks(model: Any) -> dict[str, int]:
                 if attr.name == "value":
                     ranks[node.output[0]] = len(attr.t.dims)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx_io.infer_shapes(model)  # on a weightless copy: no 2 GiB limit, no copy of the weights
     except Exception:  # shape inference is a refinement here, not a requirement
         return ranks
     for value in list(inferred.graph.value_info) + list(inferred.graph.output):

@@ -15,10 +15,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from vitdeploy import onnx_io
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, check_export_target, read_labels, refuse_export_precisions,
                               write_labels)
 from vitdeploy.errors import CheckFailed, UsageError
-from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, sha256_file, staged_directory
+from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, staged_directory
 from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas, mixed_sizes, padded_batch  # noqa: F401 - re-exported
 
 from .onnx_export import strip_trace_metadata
@@ -80,11 +81,13 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
             "simplify_reason": "not applied to two-input graphs",
     })
     manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"]}}
+    if opts.external_data_threshold is not None:  # the bundle's later passes follow the same rule
+        manifest["storage"] = {onnx_io.MANIFEST_KEY: int(opts.external_data_threshold)}
     with staged_directory(out_dir, before_swap=lambda: check_export_target(out_dir)) as stage:
         path = stage / ARTIFACT_FILES["fp32"]
-        _write_graph(path, model_proto, manifest)
+        manifest["artifacts"] = {"fp32": _write_graph(path, model_proto, manifest)}
+        del model_proto  # written: the verification runs from the file
         write_labels(stage / LABELS, loaded.labels)
-        manifest["artifacts"] = {"fp32": {"file": ARTIFACT_FILES["fp32"], "sha256": sha256_file(path), "bytes": path.stat().st_size}}
         atomic_write_json(stage / MANIFEST, manifest)
         if opts.check:
             record = verify_invariance(Bundle(stage, manifest), loaded, log)

@@ -190,7 +190,7 @@ def export_variable_graph(module: VariableSizeGraph, canvas: tuple[int, int], op
 
     from torch.export import Dim
 
-    from .onnx_export import INPUT_NAME
+    from .onnx_export import INPUT_NAME, release_rewriter_matches
 
     height, width = canvas
     example = (torch.randint(0, 256, (3, height, width, 3), dtype=torch.uint8),
@@ -205,6 +205,8 @@ def export_variable_graph(module: VariableSizeGraph, canvas: tuple[int, int], op
             dynamic_shapes={"images": {0: batch}, "valid_hw": {0: batch}}, external_data=False,
         )
     model = program.model_proto
+    del program
+    release_rewriter_matches()  # else the exporter's rewrite rules keep the model alive (onnx_export.py)
     for value in list(model.graph.input) + list(model.graph.output):
         dim = value.type.tensor_type.shape.dim
         if dim and not dim[0].dim_value:

@@ -19,9 +19,11 @@ pixels on a laptop CPU is minutes and gigabytes. So the plan comes from the cost
   33, ViT-S/16 9, ViT-B/16 and DINOv2-S 2 per size.
 * batch: as many images as the memory budget holds by the cost model's estimate of one forward pass
   (``vitdeploy.costs.memory_estimate``: attention scores, MLP, residual stream, input), at most 16.
-* each size runs in these bounded batches on PyTorch and then ONNX Runtime (whose CPU memory arena
-  is off here, so what a size allocated goes back before the next), its outputs are compared, and
-  everything it held is freed before the next size.
+* PyTorch runs first, every size in these bounded batches (:func:`reference_outputs`; the export
+  then frees the PyTorch model before it simplifies and writes the graph), then ONNX Runtime, from
+  the graph's file (external data is mapped from its data file), size by size with its CPU memory
+  arena off, so what a size allocated goes back before the next; the two never hold their weights
+  at the same time (issue 32: export memory that grows with the weights).
 
 What the gates need
 -------------------
@@ -40,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -75,84 +78,131 @@ def verification_sizes_for(bundle: Bundle) -> list[tuple[int, int]]:
     return verification_sizes(bundle)
 
 
-def verify_export(bundle: Bundle, variant: LoadedModel, count: int, log: Callable[[str], None],
-                  budget_gmacs: float = DEFAULT_BUDGET_GMACS, memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB) -> dict[str, Any]:
-    """ORT vs PyTorch on seeded uint8 images at every size the graph declares, on every output."""
-    from vitdeploy.runtime.ort import OrtRunner
+@dataclass
+class References:
+    """PyTorch's outputs at every planned size, computed before the graph is loaded: the export then
+    frees the PyTorch model, so verification holds one ONNX Runtime session and these arrays only."""
 
+    plans: list[SizePlan]
+    names: list[str]  # outputs PyTorch returns, in its order
+    outputs: list[dict[str, np.ndarray]]  # per size: output name -> the images' outputs, in order
+    torch_s: list[float]
+    load_s: float
+    resize: bool
+    budget_gmacs: float
+    memory_budget_mb: float
+    requested: int
+
+
+def reference_outputs(bundle: Bundle, variant: LoadedModel, count: int, log: Callable[[str], None],
+                      budget_gmacs: float = DEFAULT_BUDGET_GMACS, memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB) -> References:
+    """PyTorch on the seeded images of the verification plan (``bundle`` needs only its manifest)."""
     from .torch_runner import TorchRunner
 
-    started = time.perf_counter()
     pre = bundle.preprocessing
     resize = tuple(pre["in_graph_resize"]["to"]) if pre.get("in_graph_resize") else None
-    sizes = verification_sizes_for(bundle)
-    plans = plan_verification(bundle.spec, sizes, count, budget_gmacs, memory_budget_mb, resize)
+    plans = plan_verification(bundle.spec, verification_sizes_for(bundle), count, budget_gmacs, memory_budget_mb, resize)
     log("verification plan (cost model; budget {:g} GMAC per runtime, {:g} MiB per batch): {}".format(
         budget_gmacs, memory_budget_mb, ", ".join(f"{p.height}x{p.width} {p.images} img in batches of {p.batch}" for p in plans)))
-
     t0 = time.perf_counter()
-    # No CPU memory arena: the arena keeps the high-water mark of the largest size for the session's
-    # life; without it each batch's activations go back to the allocator before the next size. No
-    # spinning: ORT's idle threads would otherwise take the cores PyTorch runs on next.
-    ort_runner = OrtRunner(bundle.artifact_path("fp32"), memory_arena=False, spin=False)
     torch_runner = TorchRunner(variant, pre, resize_to=resize)
     load_s = time.perf_counter() - t0
-    names, missing = _output_names(torch_runner, ort_runner)
+    names = list(torch_runner.outputs())
+    outputs, seconds = [], []
+    for index, plan in enumerate(plans):
+        images = _images(index, plan, pre)
+        parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+        t = time.perf_counter()
+        for start in range(0, plan.images, plan.batch):
+            out = torch_runner.infer(images[start:start + plan.batch])
+            for n in names:
+                parts[n].append(np.asarray(out[n]))
+            del out
+        seconds.append(time.perf_counter() - t)
+        outputs.append({n: _join(parts.pop(n)) for n in names})
+        del images
+    del torch_runner
+    release()
+    return References(plans, names, outputs, seconds, load_s, resize is not None, budget_gmacs, memory_budget_mb, count)
+
+
+def verify_export(bundle: Bundle, variant: LoadedModel | References, count: int, log: Callable[[str], None],
+                  budget_gmacs: float = DEFAULT_BUDGET_GMACS, memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB) -> dict[str, Any]:
+    """ORT vs PyTorch on seeded uint8 images at every size the graph declares, on every output.
+
+    ``variant``: the PyTorch model (its outputs are computed first, then it is no longer used), or
+    the :class:`References` an export computed before it freed the model.
+    """
+    from vitdeploy.runtime.ort import OrtRunner
+
+    started = time.perf_counter()
+    refs = variant if isinstance(variant, References) else reference_outputs(bundle, variant, count, log, budget_gmacs, memory_budget_mb)
+    pre = bundle.preprocessing
+    t0 = time.perf_counter()
+    # No CPU memory arena: the arena keeps the high-water mark of the largest size for the session's
+    # life; without it each batch's activations go back to the allocator before the next size. The
+    # session is made from the file, so a graph with external data maps its weights from there.
+    ort_runner = OrtRunner(bundle.artifact_path("fp32"), memory_arena=False, spin=False)
+    load_s = refs.load_s + time.perf_counter() - t0
+    names, missing = _output_names(refs.names, ort_runner)
 
     results, failures = [], []
     if missing:
         failures.extend(missing)
-    for index, plan in enumerate(plans):
-        row = _verify_size(index, plan, pre, torch_runner, ort_runner, names, resize is not None)
+    for index, plan in enumerate(refs.plans):
+        row = _verify_size(index, plan, pre, refs, ort_runner, names)
         results.append(row)
         worst = ", ".join(f"{n} {o['max_abs']:.1e}" for n, o in row["outputs"].items())
         log(f"check {plan.height}x{plan.width}: {plan.images} images (batch {plan.batch}), PyTorch {row['torch_s']:.1f} s, "
             f"ORT {row['ort_s']:.1f} s; max |d| {worst} -> {'ok' if row['passed'] else 'FAIL'}")
         failures.extend(f"{plan.height}x{plan.width}: {f}" for f in row.pop("_failures"))
-        _release()
+        release()
     ort_runner.close()
-    del ort_runner, torch_runner
-    _release()
-    seconds = time.perf_counter() - started
-    log(f"verification: {sum(p.images for p in plans)} images over {len(plans)} size(s) in {seconds:.1f} s (runners loaded in {load_s:.1f} s)")
+    del ort_runner
+    release()
+    seconds = time.perf_counter() - started + (sum(refs.torch_s) if isinstance(variant, References) else 0.0)
+    log(f"verification: {sum(p.images for p in refs.plans)} images over {len(refs.plans)} size(s) in {seconds:.1f} s "
+        f"(runners loaded in {load_s:.1f} s)")
     return {
         "passed": not failures,
         "failures": failures,
         "outputs": names,
         "sizes": results,
-        "plan": {"requested_images": count, "min_images": MIN_IMAGES, "budget_gmacs_per_runtime": budget_gmacs,
-                 "memory_budget_mb": memory_budget_mb, "sizes": [p.to_dict() for p in plans]},
+        "plan": {"requested_images": refs.requested, "min_images": MIN_IMAGES, "budget_gmacs_per_runtime": refs.budget_gmacs,
+                 "memory_budget_mb": refs.memory_budget_mb, "sizes": [p.to_dict() for p in refs.plans]},
         "seconds": round(seconds, 2),
         "load_s": round(load_s, 2),
         "graph_sha256": bundle.artifact_record("fp32").get("sha256"),
     }
 
 
-def _output_names(torch_runner: Any, ort_runner: Any) -> tuple[list[str], list[str]]:
+def _images(index: int, plan: SizePlan, pre: dict[str, Any]) -> np.ndarray:
+    """The same seeded images as before sizing existed: seed 0 + size index, the first ``images``."""
+    if pre.get("input") == "float-nchw":
+        return np.random.default_rng(index).standard_normal((plan.images, 3, plan.height, plan.width)).astype(np.float32)
+    return random_images(plan.images, plan.height, plan.width, seed=index)
+
+
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    batched = all(p.ndim >= 1 for p in parts)
+    return np.concatenate(parts) if batched else np.stack(parts)
+
+
+def _output_names(reference: list[str], ort_runner: Any) -> tuple[list[str], list[str]]:
     """Outputs both runners return; one only the graph (or only PyTorch) has cannot be verified."""
-    ref, got = list(torch_runner.outputs()), list(ort_runner.outputs())
+    ref, got = list(reference), list(ort_runner.outputs())
     names = [n for n in got if n in ref]
     missing = [f"graph output {n!r} has no PyTorch reference to compare with" for n in got if n not in ref]
     missing += [f"PyTorch output {n!r} is missing from the graph" for n in ref if n not in got]
     return names, missing
 
 
-def _verify_size(index: int, plan: SizePlan, pre: dict[str, Any], torch_runner: Any, ort_runner: Any, names: list[str],
-                 resize: bool) -> dict[str, Any]:
-    # The same seeded images as before sizing existed: seed 0 + size index, the first `images` of them.
-    images = random_images(plan.images, plan.height, plan.width, seed=index)
-    if pre.get("input") == "float-nchw":
-        images = np.random.default_rng(index).standard_normal((plan.images, 3, plan.height, plan.width)).astype(np.float32)
-    ref: dict[str, list[np.ndarray]] = {n: [] for n in names}
+def _verify_size(index: int, plan: SizePlan, pre: dict[str, Any], refs: References, ort_runner: Any, names: list[str]) -> dict[str, Any]:
+    images = _images(index, plan, pre)
     got: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    torch_s = ort_s = 0.0
+    ort_s = 0.0
     for start in range(0, plan.images, plan.batch):
         chunk = images[start:start + plan.batch]
-        t = time.perf_counter()
-        out = torch_runner.infer(chunk)
-        torch_s += time.perf_counter() - t
-        for n in names:
-            ref[n].append(np.asarray(out[n]))
         t = time.perf_counter()
         out = ort_runner.infer(chunk)
         ort_s += time.perf_counter() - t
@@ -162,13 +212,13 @@ def _verify_size(index: int, plan: SizePlan, pre: dict[str, Any], torch_runner: 
     del images
     outputs, failures = {}, []
     for n in names:
-        entry = _compare(n, ref.pop(n), got.pop(n), output_limit(n, resize))
+        entry = _compare(n, refs.outputs[index][n], _join(got.pop(n)), output_limit(n, refs.resize))
         outputs[n] = entry
         if not entry["passed"]:
             failures.append(entry["failure"])
     primary = outputs.get("logits") or (next(iter(outputs.values())) if outputs else {})
     row = {"height": plan.height, "width": plan.width, "images": plan.images, "batch": plan.batch, "seed": index,
-           "torch_s": round(torch_s, 3), "ort_s": round(ort_s, 3),
+           "torch_s": round(refs.torch_s[index], 3), "ort_s": round(ort_s, 3),
            # the primary output's numbers at the top level, as before outputs were listed
            "limit_max_abs": primary.get("limit_max_abs"),
            **{k: v for k, v in primary.items() if k not in ("passed", "failure", "limit_max_abs", "name")},
@@ -176,12 +226,9 @@ def _verify_size(index: int, plan: SizePlan, pre: dict[str, Any], torch_runner: 
     return row
 
 
-def _compare(name: str, ref_parts: list[np.ndarray], got_parts: list[np.ndarray], limit: float) -> dict[str, Any]:
+def _compare(name: str, ref: np.ndarray, got: np.ndarray, limit: float) -> dict[str, Any]:
     from vitdeploy.compare import FP32_SPREAD_LIMIT, compare_outputs
 
-    batched = all(r.ndim >= 1 and g.ndim >= 1 and len(r) == len(g) for r, g in zip(ref_parts, got_parts))
-    ref = np.concatenate(ref_parts) if batched else np.stack(ref_parts)
-    got = np.concatenate(got_parts) if batched else np.stack(got_parts)
     if ref.shape != got.shape:
         return {"name": name, "passed": False, "limit_max_abs": limit,
                 "failure": f"output {name}: shape {list(got.shape)} from ONNX Runtime, {list(ref.shape)} from PyTorch"}
@@ -209,7 +256,7 @@ def _compare(name: str, ref_parts: list[np.ndarray], got_parts: list[np.ndarray]
     return {**stats, "limit_max_abs": limit, "limit_over_spread": FP32_SPREAD_LIMIT, "passed": ok, "failure": failure}
 
 
-def _release() -> None:
+def release() -> None:
     """Give freed memory back to the OS between sizes (glibc keeps freed heap pages otherwise)."""
     gc.collect()
     try:

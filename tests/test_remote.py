@@ -203,6 +203,27 @@ def test_build_engine_dry_run_on_brings_back_the_plan(ssh_env: Device, digits_bu
     assert source_there == str(tmp_path / "device" / "bundle" / Path(source_here).name)
 
 
+@pytest.mark.slow
+def test_external_data_travels_both_ways(ssh_env: Device, export_cached: Any, copy_bundle: Any, tmp_path: Path):
+    """A bundle whose graphs keep their weights in <graph>.onnx.data (issue 32): the device gets both
+    files, lowers for TensorRT 8.6 there, and the lowered graph comes back with its own data file."""
+    from vitdeploy import onnx_io
+
+    bundle = export_cached("builtin:digits", precisions=("fp32", "fp16"), check_images=16, external_data_threshold=0)
+    local = copy_bundle(bundle, "ext")
+    remote_dir = tmp_path / "device"
+    result = _invoke("build-engine", str(local), "--dry-run", "--trt-version", "8.6", "--precision", "fp16", "--on", ssh_env.on,
+                     "--remote-vitdeploy", VITDEPLOY, "--remote-dir", str(remote_dir))
+    assert result.exit_code == 0, result.output
+    device_copy = remote_dir / "bundle"
+    assert {"model.onnx.data", "model.fp16.onnx.data"} <= {p.name for p in device_copy.iterdir()}
+    manifest = json.loads((local / "manifest.json").read_text())
+    lowered = manifest["parser_graphs"]["fp16@trt8.6"]
+    assert lowered["data"]["file"] == "model.fp16.trt8.6.onnx.data"
+    assert onnx_io.check_files(local, lowered) == []  # both files back, as the device recorded them
+    assert _tree(local) == _tree(device_copy)
+
+
 def _descendants(pid: int) -> list[int]:
     """Processes below ``pid`` (from /proc): the sessions our own test sshd forked."""
     children: Dict[int, list[int]] = {}

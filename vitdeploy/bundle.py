@@ -120,6 +120,13 @@ class Bundle:
             raise UserError(f"bundle {self.root} has no {precision} graph; {hint}")
         path = self.root / record["file"]
         self.verify_file(path, record["sha256"], f"{precision} graph")
+        data = record.get("data")
+        if data:  # a large graph's external data file: the weights, verified like the graph
+            data_path = self.root / data["file"]
+            if not data_path.is_file():
+                raise UserError(f"bundle {self.root}: {data['file']} is missing (the weights of {record['file']}); copy the data file "
+                                f"together with the graph, or re-create the {precision} graph")
+            self.verify_file(data_path, data["sha256"], f"external data of the {precision} graph")
         return path
 
     def verify_file(self, path: Path, recorded: str, what: str) -> str:
@@ -147,8 +154,12 @@ class Bundle:
     def add_artifact(self, precision: str, file: Path, record: dict[str, Any] | None = None) -> None:
         """Record a graph that is already in place (written atomically by its producer)."""
         self._require_folder()
-        rec = {"file": file.name, "sha256": sha256_cached(file), "bytes": file.stat().st_size}
-        rec.update(record or {})
+        from .onnx_io import file_record
+
+        # the producer's record when it hashed the files as it wrote them (onnx_io.save), else read them:
+        # the graph, and its external data file when it has one
+        rec = dict(record or {}) if (record or {}).get("sha256") else {**file_record(file), **(record or {})}
+        rec["file"] = file.name
         self.manifest.setdefault("artifacts", {})[precision] = rec
         # A new graph invalidates what was measured or built from the old one.
         self.drop_stale_records()

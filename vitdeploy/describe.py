@@ -59,9 +59,31 @@ def inspect_report(target: str) -> dict[str, Any]:
         "manifest": bundle.manifest if bundle.bare_onnx is None else None,
         "metadata": bundle.manifest if bundle.bare_onnx is not None else {k: bundle.manifest.get(k) for k in ("source", "spec", "preprocessing", "labels", "resolution", "graph")},
         "precisions": bundle.precisions(),
+        "files": graph_files(bundle),
         "costs": costs_table(bundle.spec, [size], 1)[0].to_dict(),
     }
     return report
+
+
+def graph_files(bundle: Bundle) -> dict[str, dict[str, Any]]:
+    """Per graph: its file and size, and its external data file and size when it has one."""
+    from pathlib import Path
+
+    from .onnx_io import referenced_files
+
+    if bundle.bare_onnx is not None:
+        path = Path(bundle.bare_onnx)
+        entry: dict[str, Any] = {"file": path.name, "bytes": path.stat().st_size}
+        data = [p for p in referenced_files(path) if p.is_file()]
+        if data:
+            entry["data"] = {"file": data[0].name, "bytes": data[0].stat().st_size}
+        return {bundle.manifest.get("graph", {}).get("precision", "fp32"): entry}
+    files = {}
+    for key, record in (bundle.manifest.get("artifacts") or {}).items():
+        if isinstance(record, dict) and record.get("file") and (bundle.root / record["file"]).is_file():
+            files[key] = {"file": record["file"], "bytes": (bundle.root / record["file"]).stat().st_size,
+                          **({"data": {k: record["data"].get(k) for k in ("file", "bytes")}} if record.get("data") else {})}
+    return files
 
 
 def print_inspect(report: dict[str, Any]) -> None:
@@ -86,6 +108,10 @@ def print_inspect(report: dict[str, Any]) -> None:
     labels = meta.get("labels") or []
     table.add_row("labels", f"{len(labels)}: {', '.join(labels[:10])}{' …' if len(labels) > 10 else ''}")
     table.add_row("graphs", ", ".join(report["precisions"]))
+    for key, entry in (report.get("files") or {}).items():
+        data = entry.get("data")
+        table.add_row(f"  {key} files", f"{entry['file']} {_bytes(entry['bytes'])}"
+                      + (f" + {data['file']} {_bytes(data['bytes'])} (external data)" if data else " (weights inside)"))
     from rich.markup import escape
 
     for name, line in output_lines(meta.get("graph") or {}):

@@ -109,6 +109,12 @@ def validate_core(manifest: Any, where: str) -> dict[str, Any]:
     return manifest
 
 
+def _plain_file(where: str, key: str, name: str) -> None:
+    # a record names a file inside the bundle, nothing else: no folders, no way out of the bundle
+    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+        _fail(where, key, f"should be a file name inside the bundle, not {name!r}")
+
+
 def validate_bundle_manifest(manifest: Any, where: str) -> dict[str, Any]:
     """A bundle folder's manifest.json: the core, the format, and the artifact records."""
     if not isinstance(manifest, dict):
@@ -124,12 +130,16 @@ def validate_bundle_manifest(manifest: Any, where: str) -> dict[str, Any]:
         key = f"artifacts.{precision}"
         if not isinstance(record, dict):
             _fail(where, key, f"should be an object, not {type(record).__name__}")
-        name = _need(where, record, "file", str, f"{key}.")
-        # a record names a file inside the bundle, nothing else: no folders, no way out of the bundle
-        if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
-            _fail(where, f"{key}.file", f"should be a file name inside the bundle, not {name!r}")
+        _plain_file(where, f"{key}.file", _need(where, record, "file", str, f"{key}."))
         if not SHA256.match(str(_need(where, record, "sha256", str, f"{key}."))):
             _fail(where, f"{key}.sha256", f"should be 64 hex digits, not {record['sha256']!r:.80}")
+        data = record.get("data")
+        if data is not None:  # a large graph's external data file, verified with the graph
+            if not isinstance(data, dict):
+                _fail(where, f"{key}.data", f"should be an object, not {type(data).__name__}")
+            _plain_file(where, f"{key}.data.file", _need(where, data, "file", str, f"{key}.data."))
+            if not SHA256.match(str(_need(where, data, "sha256", str, f"{key}.data."))):
+                _fail(where, f"{key}.data.sha256", f"should be 64 hex digits, not {data['sha256']!r:.80}")
     for key in ("records", "engines"):
         if not isinstance(manifest.get(key, {}), dict):
             _fail(where, key, f"should be an object, not {type(manifest[key]).__name__}")

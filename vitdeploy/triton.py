@@ -150,16 +150,14 @@ def _graph_io(path: Path) -> tuple[list[_Tensor], list[_Tensor]]:
 
 
 def _external_data_files(path: Path) -> list[Path]:
-    """Files a large ONNX graph keeps its weights in (they travel with model.onnx)."""
-    from .lazy import require
+    """Files a large ONNX graph keeps its weights in: they travel with model.onnx, under the name the
+    graph gives them (so the copied graph is byte-identical to the bundle's and resolves them)."""
+    from .onnx_io import referenced_files
 
-    onnx = require("onnx", "reading the graph")
-    model = onnx.load(str(path), load_external_data=False)
-    names = set()
-    for tensor in model.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            names.update(entry.value for entry in tensor.external_data if entry.key == "location")
-    return [path.parent / n for n in sorted(names)]
+    missing = [p.name for p in referenced_files(path) if not p.is_file()]
+    if missing:
+        raise UserError(f"{path} keeps its weights in {', '.join(missing)}, which is missing beside it; re-create the graph")
+    return referenced_files(path)
 
 
 def _onnx_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path], tuple[list[_Tensor], list[_Tensor]], dict[str, Any]]:
@@ -179,6 +177,7 @@ def _onnx_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path], tup
         "backend": "onnxruntime",
         "precision": precision,
         "graph_sha256": record.get("sha256"),
+        **({"graph_data": record["data"]} if record.get("data") else {}),  # the external data file: name, sha256, bytes
         "preprocessing": bundle.preprocessing,
         "outputs": (bundle.manifest.get("graph") or {}).get("output_details"),  # what each output holds
     }

@@ -93,6 +93,8 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     artifacts, failures = [], []
     for precision in precisions:
         graph = bundle.artifact_path(precision)
+        record = bundle.artifact_record(precision)
+        # artifact_path has verified the graph and its external data file against the manifest (sha256 of both)
         placement = _placement(bundle, precision) if precision not in ("fp32", "cpu") else None
         # the fused CPU graph (model.cpu.onnx) computes in fp32: the fp32 gates, against PyTorch as well
         computes_in = "fp32" if precision == "cpu" else precision
@@ -101,6 +103,8 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
             entry = _score(computes_in, execution, runner, sets, ref_out, ref_acc, opts, gated)
             entry["precision"] = precision
             entry.update({"file": graph.name, "sha256": sha256_cached(graph),  # what was measured, not what is claimed
+                          **({"data": {**record["data"], "sha256": sha256_cached(bundle.root / record["data"]["file"])}}
+                             if record.get("data") else {}),  # a large graph's external data file, measured too
                           "providers": runner.info.details.get("providers"), "optimization": level})
             entry["batch_consistency"] = _batch_consistency(runner, sets[0].images[:4])
             if placement is not None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .common import command, echo_json, split_csv
+from .common import command, echo_json, graph_memory_line, split_csv
 
 
 @command("calibrate")
@@ -102,6 +102,7 @@ def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exc
         echo_json(record)
         return
     click.echo(_summary(record))
+    click.echo(graph_memory_line(record))
 
 
 class _CalibrationProgress:

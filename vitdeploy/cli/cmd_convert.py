@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command, echo_json, split_csv
+from .common import command, echo_json, graph_memory_line, split_csv
 
 
 @command("convert")
@@ -59,6 +59,7 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
             echo_json(record)
         else:
             click.echo(f"wrote {path.name}: {record['fusion']['attention_fused']} attention blocks fused; ONNX Runtime on CPUs uses it")
+            click.echo(graph_memory_line(record))
         return
 
     if precision == "int8":
@@ -87,6 +88,7 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
     if task:
         click.echo(f"gate on {task['data']} ({task['count']} images): fp32 {task['fp32_accuracy']:.2%}, fp16 {task['accuracy']:.2%}, "
                    f"agreement {task['top1_agreement']:.2%}, logit cosine p1 {task['cosine_p1']:.4f}: passed")
+    click.echo(graph_memory_line(record))
     mask = record.get("mask_path")
     if mask:  # a variable-size (images, valid_hw) graph
         click.echo(f"variable size: the {mask['mask_path_nodes']} nodes computed from valid_hw (masks, key bias, per-sample position "

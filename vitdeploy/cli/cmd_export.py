@@ -40,10 +40,14 @@ from .common import command, parse_model_args, split_csv
               help="Graph outputs, any of logits,probs,embedding,patch_grid (default: logits,probs; embedding,patch_grid for a model without a head). "
                    "embedding [B,d] is the pooled pre-head feature, patch_grid [B,d,G_h,G_w] the final patch tokens in row-major grid order.")
 @click.option("--normalize-embedding", is_flag=True, help="L2-normalise the embedding output inside the graph (for cosine retrieval).")
+@click.option("--external-data-threshold", "external_data", metavar="SIZE",
+              help="Write a graph whose weights exceed SIZE (e.g. 512MiB, 1GiB; 0: always) with its weights in <graph>.onnx.data "
+                   "beside it; recorded, so the bundle's later passes (fp16, int8, CPU and TensorRT 8.x graphs) follow it. "
+                   "Default: $VITDEPLOY_EXTERNAL_DATA_THRESHOLD, else 1GiB (graphs near protobuf's 2 GiB limit always).")
 def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize,
             variable_size, canvas, variable_policy, channel_order,
             input_format, pos_interp, align_corners, antialias, precision, keep_fp32, fp16_data, no_simplify, no_check, check_images,
-            outputs, normalize_embedding):
+            outputs, normalize_embedding, external_data):
     """Export SOURCE to a bundle: ONNX that takes raw uint8 images, with preprocessing, labels and spec bound in.
 
     SOURCE is builtin:digits (default), timm:<model>, hf:<directory saved with save_pretrained>, or
@@ -58,8 +62,10 @@ def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, r
       vitdeploy export timm:vit_small_patch16_224 -o vits-var --variable-size --canvas 384x384
       vitdeploy export -o digits-feat --outputs logits,probs,embedding,patch_grid --normalize-embedding
       vitdeploy export timm:vit_small_patch14_reg4_dinov2 -o dinov2 --dynamic-resolution   # no head: embedding,patch_grid
+      vitdeploy export timm:vit_huge_patch14_224 -o vith --external-data-threshold 0   # model.onnx + model.onnx.data
     """
     from vitdeploy.exporters import ExportOptions, export
+    from vitdeploy.onnx_io import parse_size
     from vitdeploy.posembed import PosEmbedInterpolation
 
     precisions = tuple(split_csv(precision)) or ("fp32",)
@@ -87,6 +93,7 @@ def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, r
         check_images=check_images,
         outputs=outputs,
         normalize_embedding=normalize_embedding,
+        external_data_threshold=parse_size(external_data) if external_data is not None else None,
     )
     bundle = export(source, out_dir, options, log=click.echo)
     click.echo(f"bundle written: {bundle.root} ({', '.join(bundle.precisions())})")

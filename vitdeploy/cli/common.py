@@ -146,3 +146,21 @@ def parse_model_args(items: tuple[str, ...]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key.strip()] = text
     return out
+
+
+def graph_memory_line(record: dict[str, Any]) -> str:
+    """``model.fp16.onnx 1.2 GiB [+ model.fp16.onnx.data ...]; peak resident memory ...``: a written
+    graph's files (vitdeploy.onnx_io) and this process's high-water mark (getrusage, issue 32)."""
+    import resource
+    import sys
+
+    def size(n: float) -> str:
+        for power, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+            if n >= 2**power:
+                return f"{n / 2**power:.1f} {unit}"
+        return f"{n:.0f} B"
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    data = record.get("data")
+    files = f"{record.get('file')} {size(record.get('bytes') or 0)}" + (f" + {data['file']} {size(data['bytes'])}" if data else "")
+    return f"{files}; peak resident memory of this process {size(peak)} (getrusage)"

@@ -204,10 +204,9 @@ def analyse(
     ``other_inputs``: the shapes of the inputs beside the images (a variable-size graph's valid_hw
     [B, 2]); the layers computed from those inputs alone are the report's mask path."""
     onnx = require("onnx", "the DLA report")
-    try:
-        model = onnx.load(str(graph))
-    except Exception as exc:
-        raise UserError(f"{graph} is not a readable ONNX file ({exc.__class__.__name__})") from None
+    from .. import onnx_io
+
+    model = onnx_io.load(graph, weights=False)  # layer types and shapes: the weights stay on disk
     inits = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in inits]
     others = {name: tuple(int(d) for d in shape) for name, shape in (other_inputs or {}).items()}
@@ -312,8 +311,10 @@ def _unresolved(model: Any) -> int:
 def _infer_shapes(onnx: Any, model: Any, graph: Any, input_shape: tuple[int, ...]) -> Any:
     """ONNX shape inference with data propagation; where shape arithmetic defeats it (integer Div in
     a dynamic-resolution position-table resize), ONNX Runtime's symbolic shape inference."""
+    from .. import onnx_io
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx_io.infer_shapes(model, data_prop=True)  # on a weightless copy
     except Exception as exc:
         raise UserError(f"ONNX shape inference failed on {graph} at {list(input_shape)}: {exc}") from None
     if _unresolved(inferred) == 0:

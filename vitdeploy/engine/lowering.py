@@ -75,8 +75,10 @@ def _np_dtype(onnx: Any, elem_type: int | None) -> Any:
 
 def _value_types(onnx: Any, model: Any) -> tuple[dict[str, int], dict[str, int]]:
     """(element type, rank) of every tensor shape inference can name."""
+    from .. import onnx_io
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = onnx_io.infer_shapes(model, strict_mode=False)  # on a weightless copy
     except Exception:
         inferred = model
     types: dict[str, int] = {}
@@ -249,12 +251,9 @@ def lower_for(model: Any, rules: ParserRules) -> tuple[Any, dict[str, Any]]:
     source_opset = default_opset(out)
     target = min(source_opset, rules.opset_max)
     types, ranks = _value_types(onnx, out)
-    consts = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output:
-            for a in node.attribute:
-                if a.name == "value":
-                    consts[node.output[0]] = onnx.numpy_helper.to_array(a.t)
+    from .. import onnx_io
+
+    consts = onnx_io.inline_arrays(out)  # axes, split sizes, LayerNorm scales: never the external weights
     counts: Counter = Counter()
     new_nodes: list[Any] = []
     for index, node in enumerate(graph.node):
@@ -286,7 +285,7 @@ def lower_for(model: Any, rules: ParserRules) -> tuple[Any, dict[str, Any]]:
     # Symbolic value_info of the exporter can name shapes the rewritten nodes no longer produce.
     del graph.value_info[:]
     try:
-        onnx.checker.check_model(out, full_check=True)
+        onnx_io.check_model(out, full_check=True)  # the structure: external weights need not be loaded
     except Exception as exc:
         raise LoweringError(f"the lowered graph is not valid ONNX at opset {target}: {str(exc).splitlines()[0][:300]}") from None
     report = lint_model(out, rules, "lowered graph")
@@ -397,28 +396,30 @@ def bundle_graph(bundle: Any, source: Any, precision: str, rules: ParserRules, l
     beside it (``model[.fp16|.int8].trt<key>.onnx``) and recorded under ``manifest["parser_graphs"]``."""
     from pathlib import Path
 
-    from ..fileio import atomic_path, sha256_file
+    from .. import onnx_io
+    from ..fileio import sha256_file
 
-    onnx = require("onnx", "lowering graphs for TensorRT 8.x")
+    require("onnx", "lowering graphs for TensorRT 8.x")
     source = Path(source)
     dst = source.parent / lowered_name(source.name, rules.key)
     source_sha = sha256_file(source)
     key = f"{precision}@trt{rules.key}"
     folder = bundle.bare_onnx is None
     known = (bundle.manifest.get("parser_graphs") or {}).get(key) if folder else None
-    if known and known.get("source_sha256") == source_sha and dst.is_file() and sha256_file(dst) == known.get("sha256"):
+    if known and known.get("source_sha256") == source_sha and dst.is_file() and not onnx_io.check_files(dst.parent, known):
         return dst, known
     if log:
         log(f"lowering {source.name} for the TensorRT {rules.key} parser -> {dst.name} (verified with ONNX Runtime first)")
-    try:
-        model = onnx.load(str(source))
-    except Exception as exc:
-        raise UserError(f"{source} is not a readable ONNX file ({exc.__class__.__name__})") from None
+    # the rewrites touch nodes, not weights: external weights are streamed from the source's data file
+    # into the lowered graph's, never loaded (graph and data file land together, once verified)
+    model = onnx_io.load(source, weights=False)
     lowered, record = lower_for(model, rules)
-    with atomic_path(dst) as tmp:
-        onnx.save(lowered, str(tmp))
+    del model
+    with onnx_io.staged(dst) as tmp:
+        written = onnx_io.save(lowered, tmp, source_dir=source.parent, manifest=bundle.manifest if folder else None)
+        del lowered
         record["verification"] = verify(source, tmp, precision, bundle)
-    record.update({"file": dst.name, "sha256": sha256_file(dst), "bytes": dst.stat().st_size, "source": source.name,
+    record.update({**written, "source": source.name,  # file, sha256, bytes (and the data file's)
                    "source_sha256": source_sha, "precision": precision, "rules_source": rules.source})
     if folder:
         bundle.manifest.setdefault("parser_graphs", {})[key] = record

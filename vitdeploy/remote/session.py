@@ -384,7 +384,8 @@ def _run(session: Session, request: RemoteRequest, bundle_dir: Path, log: Callab
         engine_dirs = sorted({"/".join(rel.split("/")[:2]) for rel in received if rel.startswith("engines/") and rel.count("/") >= 2})
         for unit in engine_dirs:
             swap_dir(staging / unit, bundle_dir / unit)
-        for rel in sorted(received):
+        # a graph after its external data file (vitdeploy.onnx_io): the new graph never names old data
+        for rel in sorted(received, key=lambda r: (r.endswith(".onnx"), r)):
             if rel == MANIFEST or any(rel.startswith(u + "/") for u in engine_dirs):
                 continue
             dest = bundle_dir / rel

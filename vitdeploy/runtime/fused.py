@@ -31,9 +31,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import onnx_io
 from ..bundle import ARTIFACT_FILES, Bundle, embed_manifest
 from ..errors import CheckFailed, UserError
-from ..fileio import atomic_path
 
 CPU_FILE = ARTIFACT_FILES["cpu"]
 CPU_KEY = "cpu"  # the bundle's artifacts entry (not a precision: the graph computes in fp32)
@@ -291,9 +291,7 @@ def _drop_unused_initializers(model: Any) -> None:
 # -- the bundle's CPU graph ---------------------------------------------------------------------
 def build_cpu_graph(source: Path, spec: Any) -> tuple[Any, dict[str, Any]]:
     """The fused ModelProto from the plain fp32 graph file, and what was fused."""
-    import onnx
-
-    model = onnx.load(str(source))
+    model = onnx_io.load(source)
     before = Counter(n.op_type for n in model.graph.node)
     fused = fuse_attention(model, spec.num_heads, spec.embed_dim)
     after = Counter(n.op_type for n in model.graph.node)
@@ -302,7 +300,7 @@ def build_cpu_graph(source: Path, spec: Any) -> tuple[Any, dict[str, Any]]:
     return model, record
 
 
-def gate_cpu_graph(bundle: Bundle, fused_bytes: bytes, images_per_size: int = 4, threads: int | None = None) -> dict[str, Any]:
+def gate_cpu_graph(bundle: Bundle, fused: Path | bytes, images_per_size: int = 4, threads: int | None = None) -> dict[str, Any]:
     """The fused graph against the plain one on seeded images at every verification size (and the
     bundled model's real test split where there is one), on every output."""
     from vitdeploy.evalsets import real_set, verification_sizes
@@ -312,7 +310,7 @@ def gate_cpu_graph(bundle: Bundle, fused_bytes: bytes, images_per_size: int = 4,
     from vitdeploy.runtime.ort import OrtRunner
 
     plain = OrtRunner(bundle.artifact_path("fp32"), threads=threads, providers=["CPUExecutionProvider"])
-    fused = OrtRunner(fused_bytes, threads=threads, providers=["CPUExecutionProvider"])
+    fused = OrtRunner(fused, threads=threads, providers=["CPUExecutionProvider"])
     sets = [(f"random {h}x{w}", random_images(images_per_size, h, w, seed=i)) for i, (h, w) in enumerate(_sizes(bundle, verification_sizes))]
     data = default_data(bundle)
     if data:
@@ -362,17 +360,19 @@ def add_cpu_graph_to_bundle(bundle: Bundle, log: Callable[[str], None] = lambda 
     manifest_core = dict(manifest)
     manifest_core["graph"] = {**manifest.get("graph", {}), "variant": "cpu-fused", "derived_from": bundle.artifact_record("fp32").get("sha256")}
     embed_manifest(model, manifest_core)
-    data = model.SerializeToString()
     log(f"fused {record['attention_fused']} of {record['blocks']} attention blocks into com.microsoft.Attention "
         f"({record['nodes_before']} -> {record['nodes_after']} nodes)")
-    gate = gate_cpu_graph(bundle, data, threads=threads)
-    if not gate["passed"]:
-        raise CheckFailed(f"the fused CPU graph does not match the plain graph: {'; '.join(gate['failed_gates'][:3])} (not written)")
-    log("gated against model.onnx on every output: passed")
     target = bundle.root / CPU_FILE
-    with atomic_path(target) as tmp:
-        Path(tmp).write_bytes(data)
-    bundle.add_artifact(CPU_KEY, target, {"target": "cpu", "derived_from": bundle.artifact_record("fp32").get("sha256"),
+    # written beside the bundle first (with external data past the threshold: no bytes form past 2 GiB)
+    # and gated from that file; graph and data file land together only when the gate passes
+    with onnx_io.staged(target) as staged:
+        written = onnx_io.save(model, staged, manifest=manifest)
+        del model
+        gate = gate_cpu_graph(bundle, staged, threads=threads)
+        if not gate["passed"]:
+            raise CheckFailed(f"the fused CPU graph does not match the plain graph: {'; '.join(gate['failed_gates'][:3])} (not written)")
+    log("gated against model.onnx on every output: passed")
+    bundle.add_artifact(CPU_KEY, target, {**written, "target": "cpu", "derived_from": bundle.artifact_record("fp32").get("sha256"),
                                           "fusion": record, "gate": gate, "seconds": round(time.perf_counter() - t0, 2)})
     return target
 

@@ -52,6 +52,7 @@ class OrtRunner(Runner):
         extra_outputs: Sequence[str] = (),
         memory_arena: bool = True,
         spin: bool = True,
+        external_data_dir: str | Path | None = None,
     ):
         ort = require("onnxruntime", "running ONNX graphs")
         opts = ort.SessionOptions()
@@ -68,6 +69,10 @@ class OrtRunner(Runner):
             opts.intra_op_num_threads = int(threads)
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        if external_data_dir is not None:
+            # a graph given as bytes whose weights are in a data file: where ONNX Runtime finds it
+            # (a session from a path looks beside the file itself)
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(external_data_dir))
         source = model if isinstance(model, bytes) else str(model)
         if not isinstance(model, bytes) and not Path(model).is_file():
             raise UserError(f"ONNX file {model} does not exist")
