@@ -10,6 +10,7 @@ from .bundle import Bundle
 from .costs import CostReport, costs_table
 from .console import get_console
 from .spec import ViTSpec
+from .weights import describe_weights, weights_record
 
 
 def resolve_spec(target: str | None) -> tuple[ViTSpec, str]:
@@ -29,7 +30,9 @@ def resolve_spec(target: str | None) -> tuple[ViTSpec, str]:
         raise UserError(f"{text!r} is neither a bundle, a .onnx file, nor a source like timm:<model>")
     from vitdeploy.exporters.sources import load_source
 
-    return load_source(text).spec, text
+    # the cost of an architecture needs no weights: timm/hf sources are built (seeded) without them
+    kind = text.split(":", 1)[0]
+    return load_source(text, random_init=kind in ("timm", "hf")).spec, text
 
 
 def cost_rows(reports: list[CostReport]) -> list[dict[str, Any]]:
@@ -80,12 +83,14 @@ def inspect_report(target: str) -> dict[str, Any]:
         "manifest": bundle.manifest if bundle.bare_onnx is None else None,
         "metadata": bundle.manifest if bundle.bare_onnx is not None else {k: bundle.manifest.get(k) for k in ("source", "spec", "preprocessing", "labels", "resolution", "graph")},
         "precisions": bundle.precisions(),
+        "weights": weights_record(bundle.manifest.get("source")),
         "costs": costs_table(bundle.spec, [size], 1)[0].to_dict(),
     }
     return report
 
 
 def print_inspect(report: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     meta = report["metadata"]
@@ -94,6 +99,9 @@ def print_inspect(report: dict[str, Any]) -> None:
     table.add_column("key", style="bold")
     table.add_column("value")
     table.add_row("source", f"{src.get('kind')}:{src.get('name')}" + (f" (checkpoint {src['checkpoint']})" if src.get("checkpoint") else ""))
+    weights = report.get("weights") or weights_record(src)
+    table.add_row("weights", ("[bold red]" + escape(weights["notice"]) + "[/]") if weights.get("notice")
+                  else escape(describe_weights(src, with_sha256=False)))
     table.add_row("weights sha256", str(src.get("weights_sha256")))
     table.add_row("architecture", f"{spec.get('family')}: patch {spec['patch_size'][0]}x{spec['patch_size'][1]}, d={spec['embed_dim']}, "
                   f"depth {spec['depth']}, heads {spec['num_heads']}, mlp ratio {spec['mlp_ratio']:g}, "
@@ -107,8 +115,6 @@ def print_inspect(report: dict[str, Any]) -> None:
     labels = meta.get("labels") or []
     table.add_row("labels", f"{len(labels)}: {', '.join(labels[:10])}{' …' if len(labels) > 10 else ''}")
     table.add_row("graphs", ", ".join(report["precisions"]))
-    from rich.markup import escape
-
     for name, line in output_lines(meta.get("graph") or {}):
         table.add_row(f"output {name}", escape(line))  # shapes like [batch, d] are not markup
     c = report["costs"]
