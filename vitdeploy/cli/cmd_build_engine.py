@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command
+from .common import command, warn_random_weights
 from ..remote.cli import on_device
 
 
@@ -58,6 +58,7 @@ def command(bundle: str, **kw: object) -> None:
       vitdeploy build-engine bundle --lint --trt-version 8.6
       vitdeploy build-engine bundle --dry-run --trt-version 8.5 --precision int8
     """
+    warn_random_weights(bundle)
     from ..engine.plan import PlanOptions
     from ..engine.service import BuildEngineRequest, run
 

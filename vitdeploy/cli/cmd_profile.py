@@ -6,7 +6,7 @@ import click
 
 from ..errors import UserError
 from ..spec import parse_resolution
-from .common import command, echo_json, parse_int_list, split_csv
+from .common import command, echo_json, parse_int_list, split_csv, warn_random_weights
 from ..remote.cli import on_device
 
 
@@ -73,6 +73,7 @@ def command(bundle, resolutions, fills, batches, precisions, backends, iteration
       vitdeploy profile vitb --backend torch --device cuda --precision fp16 --batch 1,8,64 --torch-mode eager,cuda-graph,compile
       vitdeploy profile digits-variable --fill 1.0,0.5,0.25 --batch 1,8 --backend ort,torch
     """
+    warn_random_weights(bundle)
     from ..console import get_console
     from ..profile import SweepConfig, profile_bundle
     from ..profile.report import render_table, to_json

@@ -82,3 +82,21 @@ def parse_model_args(items: tuple[str, ...]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key.strip()] = text
     return out
+
+
+def warn_random_weights(target: Any) -> None:
+    """The one-line notice (vitdeploy.weights) on stderr when the bundle at ``target`` holds random weights.
+
+    Every command that uses a bundle calls it first; an unreadable target is left to the command's
+    own error.
+    """
+    from ..bundle import Bundle
+    from ..weights import random_weights_notice
+
+    try:
+        manifest = Bundle.open(target).manifest
+    except (VitDeployError, OSError, ValueError):
+        return
+    notice = random_weights_notice(manifest.get("source"))
+    if notice:
+        click.echo(f"warning: {notice}", err=True)
