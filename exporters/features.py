@@ -9,8 +9,10 @@ reference and the manifest's description agree:
 - ``embedding`` [B, d]: the pooled, final-normalised, pre-head feature of the model's own read-out.
   timm: ``forward_head(forward_features(x), pre_logits=True)`` (timm's own path, so GAP models get
   their fc_norm after pooling and DeiT-distilled the mean of its CLS and DIST rows); Hugging Face:
-  ``last_hidden_state[:, 0]`` (the row its classifier reads; the mean of rows 0 and 1 for
-  DeiT-with-teacher, as timm); the reference ViT: ``pool`` + ``fc_norm`` (Eqs. 39.17-39.18).
+  what its classifier reads: ``last_hidden_state[:, 0]`` (ViT, DeiT, the headless DINOv2; the mean
+  of rows 0 and 1 for DeiT-with-teacher, as timm), BEiT's ``pooler_output`` (LayerNorm of the mean
+  of the patch tokens), and for ``Dinov2ForImageClassification`` [CLS, mean of the patch tokens]
+  concatenated ([B, 2d]); the reference ViT: ``pool`` + ``fc_norm`` (Eqs. 39.17-39.18).
 - ``patch_grid`` [B, d, G_h, G_w]: the tokens of ``forward_features`` (after the final LayerNorm
   where the model has one before the read-out) with the prefix rows (CLS, DIST, registers) dropped,
   reshaped row-major: token n = r * G_w + s goes to ``[:, :, r, s]`` (Eq. 39.2's patch order).

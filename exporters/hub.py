@@ -6,8 +6,8 @@ through ``huggingface_hub`` and honour ``HF_HOME``, ``HF_HUB_CACHE``, ``HF_TOKEN
 ``HF_HUB_OFFLINE``. This module adds only what vitdeploy needs around them:
 
 - **Bounded time without a network.** ``huggingface_hub`` retries a failed HEAD request five times
-  with back-off (about 23 s per file; timm asks for two files, so a DNS failure took 48 s here) and
-  prints a warning per retry. Before a loader runs, one ``HfApi.model_info`` call (no retries,
+  with back-off (timm asks for two files: a DNS failure took 48 s here, a hub that accepts
+  connections and never answers 13 minutes; bench/bench_hub_refusal.py) and prints a warning per retry. Before a loader runs, one ``HfApi.model_info`` call (no retries,
   ``HF_HUB_ETAG_TIMEOUT`` seconds at most) asks the hub for the repository: it names a missing,
   gated or private repository or an unknown revision in one line, and gives the commit that the
   loader is then pinned to (the identity cannot move between the question and the download). When
@@ -182,10 +182,11 @@ def not_loadable(access: HubAccess, what: str, exc: BaseException, alternatives:
     where = f"hub repository {access.repo_id}" + (f"@{access.requested}" if access.requested else "")
     fill = (f"fill the cache where there is network (`hf download {access.repo_id}"
             + (f" --revision {access.requested}" if access.requested else "") + "`, then copy HF_HOME here)")
-    offline_kinds = (LocalEntryNotFoundError, OfflineModeIsEnabled)
-    if access.mode == "offline" or (isinstance(exc, offline_kinds) and not access.uses_network):
-        why = "HF_HUB_OFFLINE=1 forbids downloading them" if access.mode == "offline" else (
-            f"the hub cannot be reached ({access.reason})" if access.reason else "they are not in the cache")
+    # without the hub, a loader's failure to find a file (timm: LocalEntryNotFoundError; transformers:
+    # an OSError of its own wording) means the cache lacks it
+    if access.mode in ("offline", "unreachable") or isinstance(exc, (LocalEntryNotFoundError, OfflineModeIsEnabled)):
+        why = {"offline": "HF_HUB_OFFLINE=1 forbids downloading them",
+               "unreachable": f"the hub cannot be reached ({access.reason})"}.get(access.mode, "they are not in the cache")
         return UserError(f"{what}: the files of the {where} are not in the Hugging Face cache {cache_dir()} and {why}; "
                          f"{fill}, {alternatives}")
     if isinstance(exc, EntryNotFoundError):
