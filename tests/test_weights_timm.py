@@ -291,3 +291,59 @@ def test_costs_of_a_timm_name_need_no_weights(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["costs", "timm:vit_tiny_patch16_224", "--resolutions", "224"])
     assert result.exit_code == 0, result.output
     assert "224x224" in result.output
+
+
+class _HubAnswers:
+    """A local HTTP server that answers every request as the hub answers a gated repository, a
+    missing one or an unknown revision (status + X-Error-Code, as huggingface_hub reads them)."""
+
+    def __init__(self, status: int, error_code: str):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                self.send_response(status)
+                self.send_header("X-Error-Code", error_code)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(b'{"error": "refused by the test hub"}')
+
+            do_GET = do_HEAD = _answer
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status, code, message", [
+    (403, "GatedRepo", "is gated; accept its terms at"),
+    (404, "RepoNotFound", "the hub has no repository test-org/absent (or it is private: set HF_TOKEN)"),
+    (404, "RevisionNotFound", "has no revision 'v9'"),
+])
+def test_what_the_hub_answers_is_one_line(monkeypatch, tmp_path, status, code, message):
+    """Gated without a token, missing (or private) and unknown revisions: named by the one probe, before any download."""
+    from huggingface_hub import constants
+
+    from vitdeploy.exporters.sources import load_source
+
+    with _HubAnswers(status, code) as endpoint:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+        with pytest.raises(UserError) as err:
+            load_source("timm:hf-hub:test-org/absent" + ("@v9" if code == "RevisionNotFound" else ""))
+    text = str(err.value)
+    assert message in text and "\n" not in text, text
+    assert not (tmp_path / "hub").exists()  # nothing was downloaded or cached
