@@ -90,12 +90,18 @@ def load_hf(ref: str, random_init: bool, seed: int, recorded: dict[str, Any] | N
         if random_init:
             require("torch").manual_seed(seed)
             model = model_cls(config)
+            if hasattr(model, "set_attn_implementation"):  # transformers 5 has it; older ones keep the config's choice
+                model.set_attn_implementation("eager")
         else:
-            model, info = model_cls.from_pretrained(location, output_loading_info=True, weights_only=True, **kwargs)
+            import inspect
+
+            # a .bin checkpoint is read with torch.load(weights_only=True): transformers 5's default, asked for
+            # explicitly where from_pretrained takes the argument
+            safe = {"weights_only": True} if "weights_only" in inspect.signature(model_cls.from_pretrained).parameters else {}
+            model, info = model_cls.from_pretrained(location, output_loading_info=True, attn_implementation="eager", **safe, **kwargs)
             _refuse_missing(info, arch, what)
     if access is not None and access.note():
         log(access.note())
-    model.set_attn_implementation("eager")
     model.eval()
     headless = arch == family.backbone
     spec = _spec(config, model, family, arch, headless)
