@@ -65,7 +65,7 @@ def time_calls(fn, iters: int) -> list[float]:
 
 def compare_exporters(model_name: str, threads: int, rounds: int, iters: int, work: Path) -> dict:
     torch.manual_seed(0)
-    loaded = load_source(f"timm:{model_name}")
+    loaded = load_source(f"timm:{model_name}", random_init=True)
     module = DeployGraph(loaded.model, loaded.preprocessing).eval()
     example = torch.from_numpy(random_images(1, 224, 224))
     results, sessions = {}, {}
@@ -107,10 +107,10 @@ def compare_exporters(model_name: str, threads: int, rounds: int, iters: int, wo
 def ort_vs_torch(model_name: str, threads: int, rounds: int, iters: int, work: Path) -> dict:
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    bundle = export(f"timm:{model_name}", work / "bundle", ExportOptions(check_images=8))
+    bundle = export(f"timm:{model_name}", work / "bundle", ExportOptions(check_images=8, random_init=True))
     export_s = time.perf_counter() - t0
     sess = ort_session(str(bundle.artifact_path("fp32")), threads)
-    loaded = load_source(f"timm:{model_name}")
+    loaded = load_source(f"timm:{model_name}", random_init=True)
     model = loaded.model.eval()
     mean = torch.tensor(loaded.preprocessing["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(loaded.preprocessing["std"]).view(1, 3, 1, 1)
@@ -155,8 +155,8 @@ def export_steps(model_name: str) -> dict:
         t0 = time.perf_counter()
 
     torch.manual_seed(0)
-    opts = ExportOptions(dynamic_resolution=True)
-    loaded = load_source(f"timm:{model_name}")
+    opts = ExportOptions(dynamic_resolution=True, random_init=True)
+    loaded = load_source(f"timm:{model_name}", random_init=True)
     variant, resolution = api._variant(loaded, opts)
     mark("load source (timm.create_model, random init)")
     pre = api._preprocessing_contract(loaded, opts, resolution)
@@ -186,7 +186,7 @@ def export_cli(model_name: str, work: Path) -> dict:
 
     cli = Path(sys.executable).with_name("vitdeploy")
     out = work / model_name
-    cmd = ["/usr/bin/time", "-v", str(cli), "export", f"timm:{model_name}", "-o", str(out), "--dynamic-resolution"]
+    cmd = ["/usr/bin/time", "-v", str(cli), "export", f"timm:{model_name}", "-o", str(out), "--dynamic-resolution", "--random-init"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     text = proc.stdout + proc.stderr
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", text)

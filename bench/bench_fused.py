@@ -90,7 +90,8 @@ def export_static(source: str, sizes: list[int], work: Path) -> list[Path]:
     out = []
     for size in sizes:
         target = work / f"bundle{size}"
-        export(source, target, ExportOptions(resolution=(size, size), check_images=2))
+        export(source, target, ExportOptions(resolution=(size, size), check_images=2,
+                                             random_init=source.split(":", 1)[0] in ("timm", "hf")))  # timing: random weights
         out.append(target)
     return out
 

@@ -46,7 +46,8 @@ def ensure_bundle(work: Path, source: str) -> Bundle:
     target = work / source.replace(":", "_")
     if not (target / "manifest.json").is_file():
         exe = shutil.which("vitdeploy") or str(Path(sys.executable).parent / "vitdeploy")
-        cmd = [exe, "export", source, "-o", str(target), "--dynamic-resolution", "--no-check"]
+        # timing needs no trained weights (and no hub): timm sources with --random-init
+        cmd = [exe, "export", source, "-o", str(target), "--dynamic-resolution", "--no-check"] + (["--random-init"] if source.startswith("timm:") else [])
         print("exporting:", " ".join(cmd), file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return Bundle.open(target)

@@ -42,6 +42,7 @@ def ensure(work: Path, name: str, source: str, **options) -> "object":
     if (target / "manifest.json").is_file():
         return Bundle.open(target)
     log(f"exporting {source} -> {target} ({options}) ...")
+    options.setdefault("random_init", source.split(":", 1)[0] in ("timm", "hf"))  # timing: random weights, no hub
     return export(source, target, ExportOptions(check_images=4, **options), log=log)
 
 

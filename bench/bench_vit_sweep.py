@@ -45,6 +45,12 @@ def _vitdeploy(*args: str) -> None:
         sys.exit(f"`{' '.join(cmd)}` failed (exit {done.returncode})")
 
 
+def random_init_flag(source: str) -> list[str]:
+    """Timing needs no trained weights (they don't change the arithmetic) and no hub: timm/hf sources
+    are exported with --random-init (the bundles say so)."""
+    return ["--random-init"] if source.split(":", 1)[0] in ("timm", "hf") else []
+
+
 def ensure_bundle(work: Path, source: str, precisions: list[str], calibrate_args: str) -> Bundle:
     """Export (and calibrate) with the vitdeploy CLI in child processes: the measuring process never
     loads torch, so its memory and cores hold only what the profile measures."""
@@ -53,6 +59,7 @@ def ensure_bundle(work: Path, source: str, precisions: list[str], calibrate_args
     want_fp16 = "fp16" in precisions
     if bundle is None or (want_fp16 and "fp16" not in bundle.precisions()):
         _vitdeploy("export", source, "-o", str(target), "--dynamic-resolution", "--no-check",
+                   *random_init_flag(source),
                    "--precision", "fp32,fp16" if want_fp16 else "fp32")
         bundle = Bundle.open(target)
     if "int8" in precisions and "int8" not in bundle.precisions():

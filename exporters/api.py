@@ -24,6 +24,7 @@ from vitdeploy.preprocess import random_images
 from .export_memory import check_export_fits, log_peak, release, release_torch_model
 from .features import describe_outputs, output_doc, resolve_outputs
 from .graph import INPUT_FORMATS, DeployGraph
+from .loaded import RANDOM_INIT_SEED  # noqa: F401 - --random-init weights are seeded so `check` can rebuild them
 from .onnx_export import (OPSET, export_graph, module_output_map, ort_difference, patch_embed_tensors, run_onnxslim,
                           simplify_if_identical, strip_trace_metadata)
 from .regrid import make_dynamic, regrid_static
@@ -31,12 +32,12 @@ from .sources import LoadedModel, load_source
 from .fp16_keep import fp16_summary
 from .verify import reference_outputs, verify_export  # noqa: F401 - export() calls it through this module (tests patch it here)
 
-RANDOM_INIT_SEED = 0  # timm/HF models without a checkpoint are seeded so the reference can be rebuilt
-
 
 @dataclass
 class ExportOptions:
     checkpoint: str | None = None
+    # timm/hf sources load their published weights; random ones only with random_init (--random-init)
+    random_init: bool = False
     num_classes: int | None = None
     model_kwargs: dict[str, Any] | None = None  # timm.create_model keyword arguments
     labels_file: str | None = None
@@ -79,19 +80,17 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     check_export_target(out_dir)  # a folder of the user's own files is never replaced
     ensure_writable_dir(out_dir.parent)  # before minutes of export work, not after
     labels = read_labels(opts.labels_file) if opts.labels_file else None
-    torch.manual_seed(RANDOM_INIT_SEED)
-    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs)
+    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs, random_init=opts.random_init, log=log)
     if opts.resolution:  # before the position table is resampled: refuse what cannot fit, in one line
         from vitdeploy.costs import check_fits_memory
 
         check_fits_memory(loaded.spec, *opts.resolution, what="--resolution")
-    if loaded.source.get("random_init"):
-        loaded.source["random_init_seed"] = RANDOM_INIT_SEED
     outputs = resolve_outputs(loaded, opts.outputs)
     if opts.normalize_embedding and "embedding" not in outputs:
         raise UserError(f"--normalize-embedding applies to the embedding output, which this export does not write "
                         f"(outputs {','.join(outputs)}); add --outputs {','.join(outputs)},embedding")
     variant, resolution = _variant(loaded, opts)
+    log_weights(loaded, log)  # after the checks above: a refusal stays one line
     head = f"{loaded.spec.num_classes} classes" if loaded.spec.num_classes else "no classification head (a backbone)"
     log(f"source {loaded.source['kind']}:{loaded.source['name']} - {loaded.spec.depth} blocks, d={loaded.spec.embed_dim}, "
         f"patch {loaded.spec.patch_size[0]}x{loaded.spec.patch_size[1]}, {head}")
@@ -236,6 +235,14 @@ def _pop_timing(record: dict[str, Any], probe_hw: list[int] | None) -> dict[str,
     return timing
 
 
+def log_weights(loaded: LoadedModel, log: Callable[[str], None]) -> None:
+    """One line naming the weights the bundle will compute (the random-weights warning where so)."""
+    from vitdeploy.weights import describe_weights, random_weights_notice
+
+    notice = random_weights_notice(loaded.source, exporting=True)
+    log(f"warning: {notice}" if notice else f"weights: {describe_weights(loaded.source)}")
+
+
 def _validate_outputs(opts: ExportOptions) -> None:
     from .features import parse_outputs
 
@@ -317,9 +324,16 @@ def _variant(loaded: LoadedModel, opts: ExportOptions) -> tuple[LoadedModel, dic
     if opts.dynamic_resolution:
         if opts.resolution:
             raise UsageError("--resolution and --dynamic-resolution exclude each other")
-        return make_dynamic(loaded, interp), {"mode": "dynamic", "height": native[0], "width": native[1], **base}
+        # the nominal size: the source's preprocessing size (HF DINOv2's 224 crop of a 518 table), else native
+        nominal = tuple(loaded.extra.get("default_resolution") or native)
+        return make_dynamic(loaded, interp), {"mode": "dynamic", "height": nominal[0], "width": nominal[1], **base}
     if opts.resolution:
         height, width = opts.resolution
+        return regrid_static(loaded, height, width, interp), {"mode": "static", "height": height, "width": width, **base}
+    default = loaded.extra.get("default_resolution")
+    if default and tuple(default) != native:
+        # the size the source's own preprocessing gives (HF DINOv2: a 518 table, a 224 processor)
+        height, width = default
         return regrid_static(loaded, height, width, interp), {"mode": "static", "height": height, "width": width, **base}
     return loaded, {"mode": "static", "height": native[0], "width": native[1], **base}
 
@@ -411,26 +425,18 @@ def torch_module_names(loaded: LoadedModel) -> list[str]:
     """PyTorch modules whose outputs localise a divergence: each block, the final norm, the head."""
     depth = loaded.spec.depth
     if loaded.family == "hf":
-        names = {name for name, _ in loaded.model.named_modules()}
-        base = "hf.deit" if "hf.deit" in names else "hf.vit"
-        # transformers 5 keeps the blocks in `<base>.layers`, 4.x in `<base>.encoder.layer`
-        blocks = f"{base}.layers" if f"{base}.layers.0" in names else f"{base}.encoder.layer"
-        head = "hf.cls_classifier" if "hf.cls_classifier" in names else "hf.classifier"
-        return [f"{blocks}.{i}" for i in range(depth)] + [f"{base}.layernorm", head]
+        from .hf_sources import hf_module_names
+
+        return hf_module_names(loaded.model, depth)
     return [f"blocks.{i}" for i in range(depth)] + ["norm", "head"]
 
 
 # -- re-loading a bundle's source -------------------------------------------------------------------
 def loaded_for_bundle(bundle: Bundle, resolution: tuple[int, int] | None = None) -> LoadedModel:
     """The bundle's PyTorch model, with the same weights and resolution handling as its graph."""
-    source = bundle.manifest["source"]
-    torch.manual_seed(source.get("random_init_seed", RANDOM_INIT_SEED))
-    loaded = load_source(source)  # the source's own labels: `check` compares the bundle's with them
-    if source.get("random_init"):
-        from .sources import _state_sha256
-
-        if _state_sha256(loaded.model) != source.get("weights_sha256"):
-            raise UserError("the bundle's random-init source cannot be rebuilt with the same weights on this version of timm/torch")
+    # the same weights (recorded revision, checkpoint or seed; sha256 checked) or one line why not;
+    # the source's own labels: `check` compares the bundle's with them
+    loaded = load_source(bundle.manifest["source"])
     res = bundle.resolution
     interp = PosEmbedInterpolation.from_dict({k: v for k, v in res.get("pos_embed_interpolation", {}).items() if k != "description"})
     if res["mode"] == "dynamic":

@@ -49,6 +49,10 @@ def timm_family(model: Any, name: str) -> str:
                 f"timm model {name!r} has a {stem} stem (a CNN backbone makes its patch grid); vitdeploy exports "
                 "ViTs whose tokens come from one patch-size Conv"
             )
+        block = model.blocks[0] if len(model.blocks) else None
+        if block is None or not (hasattr(block, "attn") and hasattr(block, "mlp")):
+            raise UserError(f"timm model {name!r} is built of {type(block).__name__} blocks (parallel attention/MLP "
+                            "branches), not the Pre-LN attention-then-MLP block vitdeploy exports")
         return TIMM_VIT
     if isinstance(model, Beit):
         return TIMM_BEIT

@@ -9,8 +9,10 @@ reference and the manifest's description agree:
 - ``embedding`` [B, d]: the pooled, final-normalised, pre-head feature of the model's own read-out.
   timm: ``forward_head(forward_features(x), pre_logits=True)`` (timm's own path, so GAP models get
   their fc_norm after pooling and DeiT-distilled the mean of its CLS and DIST rows); Hugging Face:
-  ``last_hidden_state[:, 0]`` (the row its classifier reads; the mean of rows 0 and 1 for
-  DeiT-with-teacher, as timm); the reference ViT: ``pool`` + ``fc_norm`` (Eqs. 39.17-39.18).
+  what its classifier reads: ``last_hidden_state[:, 0]`` (ViT, DeiT, the headless DINOv2; the mean
+  of rows 0 and 1 for DeiT-with-teacher, as timm), BEiT's ``pooler_output`` (LayerNorm of the mean
+  of the patch tokens), and for ``Dinov2ForImageClassification`` [CLS, mean of the patch tokens]
+  concatenated ([B, 2d]); the reference ViT: ``pool`` + ``fc_norm`` (Eqs. 39.17-39.18).
 - ``patch_grid`` [B, d, G_h, G_w]: the tokens of ``forward_features`` (after the final LayerNorm
   where the model has one before the read-out) with the prefix rows (CLS, DIST, registers) dropped,
   reshaped row-major: token n = r * G_w + s goes to ``[:, :, r, s]`` (Eq. 39.2's patch order).
@@ -80,23 +82,32 @@ def resolve_outputs(loaded: LoadedModel, requested: tuple[str, ...] | None) -> t
 
 
 # -- the tensors, per source family --------------------------------------------------------------
-def _hf_base(model: Any) -> Any:
-    return getattr(model.hf, "vit", None) or getattr(model.hf, "deit")
+def _hf_dinov2_head(loaded: LoadedModel) -> bool:
+    """Dinov2ForImageClassification: its head reads [CLS, mean of the patch tokens], concatenated."""
+    return loaded.family == "hf" and loaded.source.get("model_type") == "dinov2" and has_head(loaded)
 
 
 def readout_of(loaded: LoadedModel) -> str:
-    """'cls', 'gap' or 'cls+dist' (mean of the CLS and DIST rows), as the model reads out."""
+    """'cls', 'gap', 'cls+dist' (mean of the CLS and DIST rows) or 'cls|gap' (both, concatenated), as the model reads out."""
     spec = loaded.spec
     if spec.global_pool == "avg":
         return "gap"
     if loaded.family == "hf":
+        if _hf_dinov2_head(loaded):
+            return "cls|gap"
         return "cls+dist" if str(loaded.source.get("architecture", "")).endswith("WithTeacher") else "cls"
     return "cls+dist" if spec.num_distill_tokens else "cls"
+
+
+def embedding_dim(loaded: LoadedModel) -> int:
+    return 2 * loaded.spec.embed_dim if readout_of(loaded) == "cls|gap" else loaded.spec.embed_dim
 
 
 def final_norm_of(loaded: LoadedModel) -> tuple[str | None, str | None]:
     """(norm on the tokens / patch grid, norm on the pooled embedding): module names or None."""
     if loaded.family == "hf":
+        if loaded.spec.global_pool == "avg":  # BEiT's mean pooling: the backbone's layernorm is Identity, the pooler's follows the mean
+            return None, "pooler.layernorm"
         return "layernorm", "layernorm"
     model = loaded.model
     token_norm = None if isinstance(getattr(model, "norm", None), torch.nn.Identity) else "norm"
@@ -117,8 +128,7 @@ def forward_outputs(loaded: LoadedModel, x: torch.Tensor, outputs: tuple[str, ..
         logits = model(x)
         return _with_probs({"logits": logits}, want)
     if loaded.family == "hf":
-        tokens, logits = _hf_tokens(loaded, model, x, "logits" in want or "probs" in want)
-        pooled = _hf_pooled(loaded, tokens)
+        tokens, pooled, logits = _hf_features(loaded, model, x, "logits" in want or "probs" in want)
     else:  # timm and the reference ViT share the forward_features / forward_head split
         tokens = model.forward_features(x)
         logits = model.forward_head(tokens) if ("logits" in want or "probs" in want) else None
@@ -151,22 +161,27 @@ def _pre_logits(loaded: LoadedModel, model: Any, tokens: torch.Tensor) -> torch.
     return pooled
 
 
-def _hf_tokens(loaded: LoadedModel, model: Any, x: torch.Tensor, need_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """HF: last_hidden_state (after the final layernorm) and, when asked, the classifier's logits."""
-    base = _hf_base(model)
-    tokens = base(pixel_values=x, interpolate_pos_encoding=model.interpolate_pos_encoding).last_hidden_state
-    if not need_logits:
-        return tokens, None
+def _hf_features(loaded: LoadedModel, model: Any, x: torch.Tensor, need_logits: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """HF: last_hidden_state (after the final layernorm, where the model has one), the pre-head
+    feature its classifier reads, and, when asked, the logits computed from them as transformers does."""
+    out = model.backbone(x)
+    tokens = out.last_hidden_state
     hf = model.hf
+    readout = readout_of(loaded)
+    if readout == "gap":  # BEiT: BeitPooler, layernorm(mean of the patch tokens)
+        pooled = out.pooler_output
+    elif readout == "cls|gap":  # Dinov2ForImageClassification
+        pooled = torch.cat([tokens[:, 0], tokens[:, 1:].mean(dim=1)], dim=1)
+    elif readout == "cls+dist":
+        pooled = (tokens[:, 0] + tokens[:, 1]) / 2
+    else:
+        pooled = tokens[:, 0]
+    if not need_logits:
+        return tokens, pooled, None
     if hasattr(hf, "cls_classifier"):  # DeiTForImageClassificationWithTeacher: mean of both heads
-        return tokens, (hf.cls_classifier(tokens[:, 0]) + hf.distillation_classifier(tokens[:, 1])) / 2
-    return tokens, hf.classifier(tokens[:, 0])
-
-
-def _hf_pooled(loaded: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
-    if readout_of(loaded) == "cls+dist":
-        return (tokens[:, 0] + tokens[:, 1]) / 2
-    return tokens[:, 0]
+        return tokens, pooled, (hf.cls_classifier(tokens[:, 0]) + hf.distillation_classifier(tokens[:, 1])) / 2
+    return tokens, pooled, hf.classifier(pooled if readout in ("gap", "cls|gap") else tokens[:, 0])
 
 
 def tokens_to_grid(tokens: torch.Tensor, num_prefix: int, grid_h: Any, grid_w: Any) -> torch.Tensor:
@@ -203,7 +218,7 @@ def describe_outputs(loaded: LoadedModel, outputs: tuple[str, ...], normalize_em
                        + (", L2-normalised" if normalize_embedding else ""),
             "readout": readout,
             "final_norm": pooled_norm,
-            "final_norm_where": "after pooling (fc_norm)" if pooled_norm == "fc_norm" else ("before the read-out" if pooled_norm else "none"),
+            "final_norm_where": f"after pooling ({pooled_norm})" if pooled_norm in ("fc_norm", "pooler.layernorm") else ("before the read-out" if pooled_norm else "none"),
             "l2_normalized": bool(normalize_embedding),
             "reference": ("timm forward_head(forward_features(x)) (the projection head)" if projection else reference["embedding"])
                          + (", then L2-normalised" if normalize_embedding else ""),
@@ -230,8 +245,11 @@ def _reference_call(loaded: LoadedModel) -> dict[str, str]:
         return {"logits": "timm model(x)", "embedding": "timm forward_head(forward_features(x), pre_logits=True)",
                 "patch_grid": "timm forward_features(x)[:, num_prefix_tokens:] reshaped row-major to [B, G_h, G_w, d], permuted to [B, d, G_h, G_w]"}
     if loaded.family == "hf":
-        row = "mean of last_hidden_state[:, 0] and [:, 1]" if readout_of(loaded) == "cls+dist" else "last_hidden_state[:, 0]"
-        return {"logits": "transformers model(pixel_values).logits", "embedding": f"transformers {row} (after the final layernorm)",
+        row = {"cls+dist": "mean of last_hidden_state[:, 0] and [:, 1] (after the final layernorm)",
+               "gap": "pooler_output (layernorm of the mean of the patch tokens)",
+               "cls|gap": "[last_hidden_state[:, 0], mean of last_hidden_state[:, 1:]] concatenated (after the final layernorm)",
+               }.get(readout_of(loaded), "last_hidden_state[:, 0] (after the final layernorm)")
+        return {"logits": "transformers model(pixel_values).logits", "embedding": f"transformers {row}",
                 "patch_grid": "transformers last_hidden_state[:, prefix:] reshaped row-major, permuted to [B, d, G_h, G_w]"}
     return {"logits": "vitdeploy.model.VisionTransformer forward(x)", "embedding": "VisionTransformer pool(forward_features(x)) (CLS row or GAP, then fc_norm where the spec has one; DeiT: mean of the CLS and DIST rows)",
             "patch_grid": "VisionTransformer forward_features(x)[:, num_prefix_tokens:] reshaped row-major, permuted to [B, d, G_h, G_w]"}

@@ -25,7 +25,8 @@ from vitdeploy.errors import UserError
 from vitdeploy.posembed import PosEmbedInterpolation, resample_pos_embed
 
 from .families import TIMM_BEIT, TIMM_EVA
-from .relpos import beit_dynamic, beit_static, default_max_grid
+from .hf_sources import hf_base
+from .relpos import beit_dynamic, beit_static, default_max_grid, hf_beit_traceable
 from .rotary import eva_dynamic, eva_static
 from .sources import LoadedModel
 
@@ -44,6 +45,10 @@ def regrid_static(loaded: LoadedModel, height: int, width: int, interp: PosEmbed
         model = beit_static(loaded.model, (height, width), interp, spec.native_grid)
     elif loaded.family == TIMM_EVA:
         model = eva_static(loaded.model, (height, width), interp, spec.native_grid, spec.pos_embed_prefix_rows)
+    elif loaded.family == "hf" and loaded.source.get("model_type") == "beit":
+        # transformers resizes BEiT's bias tables to the input's grid by its own rule (bilinear), and its
+        # absolute table (if any) when asked to: the static graph is transformers' model at this size
+        model = _hf_interpolating(loaded, interp, "a static BEiT export")
     else:
         model = copy.deepcopy(loaded.model)
         holder, attr = _table_holder(model, loaded.family)
@@ -54,6 +59,8 @@ def regrid_static(loaded: LoadedModel, height: int, width: int, interp: PosEmbed
             )
         setattr(holder, attr, torch.nn.Parameter(table, requires_grad=False))
         _set_image_size(model, loaded.family, (height, width))
+        if loaded.family == "hf" and loaded.source.get("model_type") == "dinov2":
+            _use_stored_table(holder)
     new_spec = spec.with_image_size(height, width)
     out = copy.copy(loaded)
     out.model, out.spec = model.eval(), new_spec
@@ -74,32 +81,49 @@ def make_dynamic(loaded: LoadedModel, interp: PosEmbedInterpolation) -> LoadedMo
         if loaded.spec.rel_pos_bias:  # the graph carries resampling weights up to this grid: declare it
             out.spec = dataclasses.replace(loaded.spec, max_grid=max_grid)
     elif loaded.family == TIMM_EVA:
-        model = eva_dynamic(loaded.model, loaded.source["name"], loaded.source.get("model_kwargs") or {},
+        model = eva_dynamic(loaded.model, loaded.extra.get("timm_name") or loaded.source["name"], loaded.source.get("model_kwargs") or {},
                             loaded.spec.num_classes, interp, loaded.spec.pos_embed_prefix_rows)
     else:
-        if interp != PosEmbedInterpolation("bicubic", False, False):
-            raise UserError(
-                "Hugging Face ViTs interpolate their position table bicubic, align_corners=False, without antialias; "
-                "choose that convention for --dynamic-resolution"
-            )
-        model = copy.deepcopy(loaded.model)
-        model.interpolate_pos_encoding = True
+        model = _hf_interpolating(loaded, interp, "--dynamic-resolution")
     out.model = model.eval()
     return out
+
+
+def _hf_interpolating(loaded: LoadedModel, interp: PosEmbedInterpolation, what: str) -> Any:
+    """A copy of a transformers model that adapts its position terms to each input by transformers' rules."""
+    if interp != PosEmbedInterpolation("bicubic", False, False):
+        raise UserError(
+            "Hugging Face ViTs interpolate their position table bicubic, align_corners=False, without antialias; "
+            f"choose that convention for {what}"
+        )
+    model = copy.deepcopy(loaded.model)
+    model.interpolate_pos_encoding = True  # DINOv2 interpolates always and ignores it
+    if loaded.source.get("model_type") == "beit":
+        hf_beit_traceable(model)  # its bias index, built for the input's grid inside the graph
+    return model
+
+
+def _use_stored_table(embeddings: Any) -> None:
+    """transformers' DINOv2 interpolates its table to every input (a square table assumed); a static
+    copy holds the table already resampled to its grid, which it then adds as it is."""
+
+    def stored(self: Any, _embeddings: torch.Tensor, _height: int, _width: int) -> torch.Tensor:
+        return self.position_embeddings
+
+    embeddings.interpolate_pos_encoding = types.MethodType(stored, embeddings)  # this instance only
 
 
 def _table_holder(model: Any, family: str) -> tuple[Any, str]:
     if family == "timm":
         return model, "pos_embed"
-    base = getattr(model.hf, "vit", None) or getattr(model.hf, "deit")
-    return base.embeddings, "position_embeddings"
+    return hf_base(model).embeddings, "position_embeddings"
 
 
 def _set_image_size(model: Any, family: str, size: tuple[int, int]) -> None:
     if family == "timm":
         model.patch_embed.set_input_size(img_size=size)
     else:
-        base = getattr(model.hf, "vit", None) or getattr(model.hf, "deit")
+        base = hf_base(model)
         pe = base.embeddings.patch_embeddings
         pe.image_size = size
         if hasattr(base.embeddings, "image_size"):  # transformers >= 5 checks the size here
@@ -112,7 +136,7 @@ def _timm_dynamic(loaded: LoadedModel, interp: PosEmbedInterpolation) -> Any:
     """Rebuild the timm ViT with dynamic_img_size and our own position-table resampling."""
     import timm
 
-    name = loaded.source["name"]
+    name = loaded.extra.get("timm_name") or loaded.source["name"]  # an hf-hub: name pinned to its config's commit
     kwargs = dict(loaded.source.get("model_kwargs") or {})
     kwargs.update(num_classes=loaded.spec.num_classes, dynamic_img_size=True)
     state = loaded.model.state_dict()

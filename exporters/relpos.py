@@ -220,3 +220,37 @@ def rel_pos_record(model: Any) -> dict[str, Any] | None:
         "table": "(2G_h-1)(2G_w-1)+3 rows x heads",
         "timm_function": "timm.layers.resize_rel_pos_bias_table",
     }
+
+
+# -- transformers' BEiT --------------------------------------------------------------------------
+def hf_beit_traceable(model: Any) -> None:
+    """Make each ``BeitRelativePositionBias`` of a transformers BEiT (in place) build its bias for a
+    symbolic grid, by transformers' own rule.
+
+    transformers' ``forward`` resizes the offset table bilinearly to the new grid (the same
+    arithmetic below, including its width/height reshape order), but builds the index through an
+    ``lru_cache``'d function of Python ints, which the exporter specialises to the traced size: the
+    graph then fails at every other size. The index here is :func:`relative_position_index` (the
+    same entries as ``generate_relative_position_index``, built from ``arange``). The final
+    bilinear resize transformers applies with ``interpolate_pos_encoding`` maps the bias to its own
+    size (L x L to L x L, align_corners=False): the identity, so it is left out.
+    """
+    import torch.nn.functional as F
+
+    def forward(self: Any, window_size: Any, interpolate_pos_encoding: bool = False, dim_size: Any = None) -> torch.Tensor:
+        gh, gw = window_size
+        old_h, old_w = 2 * self.window_size[0] - 1, 2 * self.window_size[1] - 1
+        table = self.relative_position_bias_table
+        grid_rows = old_h * old_w
+        sub = table[:grid_rows].reshape(1, old_w, old_h, -1).permute(0, 3, 1, 2)
+        new = F.interpolate(sub, size=(2 * gh - 1, 2 * gw - 1), mode="bilinear")
+        new = new.permute(0, 2, 3, 1).reshape((2 * gh - 1) * (2 * gw - 1), -1)
+        full = torch.cat([new, table[grid_rows:]])
+        index = relative_position_index(gh, gw, table.device)
+        length = gh * gw + 1
+        bias = full[index.reshape(-1)].reshape(length, length, -1)
+        return bias.permute(2, 0, 1).contiguous().unsqueeze(0)
+
+    for module in model.modules():
+        if type(module).__name__ == "BeitRelativePositionBias":
+            module.forward = types.MethodType(forward, module)  # this instance only

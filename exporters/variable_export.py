@@ -31,7 +31,7 @@ LIMIT_MAX_ABS = 1e-4
 
 def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Callable[[str], None]) -> Bundle:
     """Export ``source`` with a (images, valid_hw) input at ``opts.canvas``; see the module doc."""
-    from .api import RANDOM_INIT_SEED, _preprocessing_contract, _write_graph, manifest_head, torch_module_names
+    from .api import _preprocessing_contract, log_weights, _write_graph, manifest_head, torch_module_names
     from .onnx_export import module_output_map
 
     _validate(opts)
@@ -39,13 +39,11 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
     check_export_target(out_dir)  # a folder of the user's own files is never replaced
     ensure_writable_dir(out_dir.parent)
     labels = read_labels(opts.labels_file) if opts.labels_file else None
-    torch.manual_seed(RANDOM_INIT_SEED)
-    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs)
-    if loaded.source.get("random_init"):
-        loaded.source["random_init_seed"] = RANDOM_INIT_SEED
+    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs, random_init=opts.random_init, log=log)
     canvas = tuple(int(v) for v in opts.canvas)
     spec = loaded.spec
     canvas_grid = spec.grid(*canvas)  # one line naming valid sizes when the patch does not tile the canvas
+    log_weights(loaded, log)
     interp = opts.interpolation
     resolution = {
         "mode": "variable", "height": canvas[0], "width": canvas[1], "native": list(spec.image_size),

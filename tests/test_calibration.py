@@ -275,7 +275,7 @@ def test_unknown_block(digits_bundle, copy_bundle, tmp_path: Path) -> None:
 # -- ViT-S/16 at 224, random init: builds and runs (no accuracy claim from random weights) ------------
 @pytest.mark.slow
 def test_vit_small_int8_builds_and_runs(export_cached, copy_bundle, tmp_path: Path) -> None:
-    bundle = export_cached("timm:vit_small_patch16_224", check_images=2)
+    bundle = export_cached("timm:vit_small_patch16_224", check_images=2, random_init=True)
     root = copy_bundle(bundle, "vits")
     calib = tmp_path / "calib.npy"
     np.save(calib, np.random.default_rng(0).integers(0, 256, (16, 224, 224, 3), dtype=np.uint8))

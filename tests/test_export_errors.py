@@ -160,12 +160,12 @@ def test_mean_std_come_from_the_model_config(export_cached):
     import onnx
     from onnx import numpy_helper
 
-    bundle = export_cached("timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k", model_kwargs={"depth": 1}, num_classes=3)
+    bundle = export_cached("timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k", model_kwargs={"depth": 1}, num_classes=3, random_init=True)
     assert bundle.preprocessing["mean"] == [0.5, 0.5, 0.5] and bundle.preprocessing["std"] == [0.5, 0.5, 0.5]
     assert "augreg" in bundle.preprocessing["config_source"]
     model = onnx.load(str(bundle.artifact_path("fp32")))
     consts = [numpy_helper.to_array(i) for i in model.graph.initializer if numpy_helper.to_array(i).size == 3]
     assert any(c.ravel().tolist() == [0.5, 0.5, 0.5] for c in consts)
     assert not any(abs(float(c.ravel()[0]) - 0.485) < 1e-6 for c in consts)
-    default = export_cached("timm:deit_tiny_patch16_224", model_kwargs={"depth": 1}, num_classes=3)
+    default = export_cached("timm:deit_tiny_patch16_224", model_kwargs={"depth": 1}, num_classes=3, random_init=True)
     assert default.preprocessing["mean"] == pytest.approx([0.485, 0.456, 0.406])

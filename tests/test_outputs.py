@@ -50,7 +50,7 @@ def _source(family, hf_dir):
         return f"hf:{hf_dir}", {}, 64, 96
     name, kwargs, native, other = TIMM[family]
     kwargs = dict(kwargs)
-    return f"timm:{name}", {"model_kwargs": kwargs}, native, other
+    return f"timm:{name}", {"model_kwargs": kwargs, "random_init": True}, native, other
 
 
 def _library_features(family, bundle, hf_dir, images):
@@ -122,7 +122,7 @@ def test_backbone_without_head_exports_features_by_default(export_cached):
     messages = []
     from vitdeploy.exporters import ExportOptions, export
 
-    bundle = export_cached(DINO[0], model_kwargs=DINO[1], check_images=8)
+    bundle = export_cached(DINO[0], model_kwargs=DINO[1], check_images=8, random_init=True)
     assert bundle.spec.num_classes == 0
     assert bundle.manifest["graph"]["outputs"] == ["embedding", "patch_grid"]
     details = bundle.manifest["graph"]["output_details"]
@@ -132,7 +132,7 @@ def test_backbone_without_head_exports_features_by_default(export_cached):
     _verified(bundle)
     # asking it for logits fails before any export work, with the reason
     with pytest.raises(UserError, match="has no classification head"):
-        export(DINO[0], bundle.root.parent / "dino-logits", ExportOptions(model_kwargs=DINO[1], outputs=("logits",)), log=messages.append)
+        export(DINO[0], bundle.root.parent / "dino-logits", ExportOptions(model_kwargs=DINO[1], outputs=("logits",), random_init=True), log=messages.append)
     assert not (bundle.root.parent / "dino-logits").exists()
 
 
@@ -142,7 +142,7 @@ def test_backbone_cli_says_so(tmp_path):
     from vitdeploy.cli import main as cli
 
     result = CliRunner().invoke(cli, ["export", DINO[0], "--model-arg", "depth=2", "--model-arg", "img_size=56",
-                                      "-o", str(tmp_path / "b"), "--no-check", "--no-simplify"])
+                                      "-o", str(tmp_path / "b"), "--no-check", "--no-simplify", "--random-init"])
     assert result.exit_code == 0, result.output
     assert "no classification head: exporting outputs embedding,patch_grid" in result.output
     result = CliRunner().invoke(cli, ["inspect", str(tmp_path / "b")])
@@ -151,7 +151,7 @@ def test_backbone_cli_says_so(tmp_path):
 
 # -- one-line errors ------------------------------------------------------------------------------
 @pytest.mark.parametrize("args, message, code", [
-    (["timm:vit_small_patch14_reg4_dinov2", "--model-arg", "depth=1", "--model-arg", "img_size=28", "--outputs", "logits,embedding"],
+    (["timm:vit_small_patch14_reg4_dinov2", "--model-arg", "depth=1", "--model-arg", "img_size=28", "--outputs", "logits,embedding", "--random-init"],
      "has no classification head", 1),
     (["--outputs", "logits,features"], "unknown output features", 2),
     (["--outputs", "logits", "--normalize-embedding"], "--normalize-embedding applies to the embedding output", 2),

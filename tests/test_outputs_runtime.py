@@ -161,7 +161,7 @@ def test_triton_repository_serves_the_feature_outputs(feat_bundle, export_cached
     provenance = json.loads((model_dir / "vitdeploy.json").read_text())
     assert provenance["outputs"]["patch_grid"]["dropped_tokens"]["cls"] == 1
     # a backbone bundle (the one tests/test_outputs.py exports): features only, no labels file
-    dino = export_cached("timm:vit_small_patch14_reg4_dinov2", model_kwargs={"depth": 2, "img_size": 56}, check_images=8)
+    dino = export_cached("timm:vit_small_patch14_reg4_dinov2", model_kwargs={"depth": 2, "img_size": 56}, check_images=8, random_init=True)
     model_dir = write_triton_repo(dino, tmp_path / "dino", TritonOptions(max_batch=4, kind="cpu", name="dino"))
     config = (model_dir / "config.pbtxt").read_text()
     assert 'name: "patch_grid" data_type: TYPE_FP32 dims: [ 384, 4, 4 ]' in config
@@ -198,7 +198,7 @@ def test_check_on_a_backbone_bundle(export_cached):
     """A headless bundle (no logits) is checked on its embedding and grid; labels: 0 for 0 classes."""
     from vitdeploy.checks import CheckOptions, run_check
 
-    dino = export_cached("timm:vit_small_patch14_reg4_dinov2", model_kwargs={"depth": 2, "img_size": 56}, check_images=8)
+    dino = export_cached("timm:vit_small_patch14_reg4_dinov2", model_kwargs={"depth": 2, "img_size": 56}, check_images=8, random_init=True)
     report = run_check(dino.root, CheckOptions(random_count=8, write_report=False))
     assert report["passed"], report["failures"]
     gates = {g["name"].split(" on ")[0] for g in report["artifacts"][0]["gates"]}

@@ -467,12 +467,12 @@ def test_a_projection_is_a_classifier_when_the_user_names_its_classes(shared_art
     from vitdeploy.exporters.sources import load_source
 
     labels = [f"concept{i}" for i in range(512)]
-    loaded = load_source("timm:vit_base_patch16_clip_224.openai", labels=labels,
+    loaded = load_source("timm:vit_base_patch16_clip_224.openai", labels=labels, random_init=True,
                          model_kwargs={"depth": 1, "embed_dim": 96, "num_heads": 2})
     assert not loaded.extra.get("projection_head") and loaded.labels == labels
-    headless = load_source("timm:vit_base_patch16_clip_224.openai", model_kwargs={"depth": 1, "embed_dim": 96, "num_heads": 2})
+    headless = load_source("timm:vit_base_patch16_clip_224.openai", random_init=True, model_kwargs={"depth": 1, "embed_dim": 96, "num_heads": 2})
     assert headless.extra["projection_head"] == {"dim": 512} and headless.labels == []
-    classifier = load_source("timm:vit_tiny_patch16_224", model_kwargs={"depth": 1})
+    classifier = load_source("timm:vit_tiny_patch16_224", random_init=True, model_kwargs={"depth": 1})
     assert not classifier.extra.get("projection_head") and classifier.labels[0] == "tench, Tinca tinca"
 
 

@@ -9,6 +9,7 @@ from .bundle import Bundle
 from .costs import CostReport, costs_table
 from .console import get_console
 from .spec import ViTSpec
+from .weights import describe_weights, weights_record
 
 
 def cost_rows(reports: list[CostReport]) -> list[dict[str, Any]]:
@@ -60,6 +61,7 @@ def inspect_report(target: str) -> dict[str, Any]:
         "metadata": bundle.manifest if bundle.bare_onnx is not None else {k: bundle.manifest.get(k) for k in ("source", "spec", "preprocessing", "labels", "resolution", "graph")},
         "precisions": bundle.precisions(),
         "files": graph_files(bundle),
+        "weights": weights_record(bundle.manifest.get("source")),
         "costs": costs_table(bundle.spec, [size], 1)[0].to_dict(),
     }
     return report
@@ -87,6 +89,7 @@ def graph_files(bundle: Bundle) -> dict[str, dict[str, Any]]:
 
 
 def print_inspect(report: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     meta = report["metadata"]
@@ -95,6 +98,9 @@ def print_inspect(report: dict[str, Any]) -> None:
     table.add_column("key", style="bold")
     table.add_column("value")
     table.add_row("source", f"{src.get('kind')}:{src.get('name')}" + (f" (checkpoint {src['checkpoint']})" if src.get("checkpoint") else ""))
+    weights = report.get("weights") or weights_record(src)
+    table.add_row("weights", ("[bold red]" + escape(weights["notice"]) + "[/]") if weights.get("notice")
+                  else escape(describe_weights(src, with_sha256=False)))
     table.add_row("weights sha256", str(src.get("weights_sha256")))
     table.add_row("architecture", f"{spec.get('family')}: patch {spec['patch_size'][0]}x{spec['patch_size'][1]}, d={spec['embed_dim']}, "
                   f"depth {spec['depth']}, heads {spec['num_heads']}, mlp ratio {spec['mlp_ratio']:g}, "

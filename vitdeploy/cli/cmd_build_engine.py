@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command
+from .common import command, warn_random_weights
 from ..remote.cli import on_device
 
 
@@ -67,6 +67,7 @@ def command(bundle: str, **kw: object) -> None:
       vitdeploy build-engine bundle --dry-run --print-trtexec --target jp7.1-agx-thor --precision fp16
       vitdeploy build-engine bundle --precision fp16 --strip-weights --version-compatible
     """
+    warn_random_weights(bundle)
     from ..engine.plan import PlanOptions
     from ..engine.service import BuildEngineRequest, run
 

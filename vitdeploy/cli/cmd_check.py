@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command, echo_json, split_csv
+from .common import command, echo_json, split_csv, warn_random_weights
 from ..remote.cli import on_device
 
 
@@ -37,6 +37,7 @@ def command(bundle, precision, data, random_count, seed, batch, limit, fp32_max_
       vitdeploy check digits-bundle
       vitdeploy check vits-bundle --data ./val --precision fp16,int8 --json
     """
+    warn_random_weights(bundle)
     from ..checks import CheckOptions, run_check
     from ..checks.report import print_report
 

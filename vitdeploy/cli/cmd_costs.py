@@ -58,4 +58,6 @@ def _resolve_spec(target: str | None) -> tuple[ViTSpec, str]:
         raise UserError(f"{text!r} is neither a bundle, a .onnx file, nor a source like timm:<model>")
     from vitdeploy.exporters.sources import load_source
 
-    return load_source(text).spec, text
+    # the cost of an architecture needs no weights: timm/hf sources are built (seeded) without them
+    kind = text.split(":", 1)[0]
+    return load_source(text, random_init=kind in ("timm", "hf")).spec, text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command, echo_json
+from .common import command, echo_json, warn_random_weights
 
 
 @command("embed")
@@ -37,6 +37,7 @@ def command(bundle: str, images: tuple[str, ...], output: str, patch_grid: bool,
     """
     import numpy as np
 
+    warn_random_weights(bundle)
     from ..errors import UsageError
     from ..fileio import atomic_path, atomic_write_text
     from ..runtime.classifier import BACKENDS, embed_files

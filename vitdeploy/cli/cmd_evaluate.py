@@ -6,7 +6,7 @@ import click
 
 from ..errors import UsageError
 from ..spec import parse_resolution
-from .common import command, echo_json, split_csv
+from .common import command, echo_json, split_csv, warn_random_weights
 
 _FILLS = ("mean", "gray", "black", "white", "border")
 
@@ -71,6 +71,7 @@ def command(bundle, images, data, precision, suite, ladder, severities, resoluti
       vitdeploy evaluate digits-bundle --occlusion-map digits:test --limit 16
       vitdeploy evaluate digits-bundle --occlusion-map photo1.png photo2.png --occlusion-patch 8
     """
+    warn_random_weights(bundle)
     from ..console import get_console
     from ..evaluate.report import BarProgress
 

@@ -11,7 +11,9 @@ from .common import command, parse_model_args, split_csv
 @command("export")
 @click.argument("source", required=False, default="builtin:digits")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle folder to write (replaced atomically).")
-@click.option("--checkpoint", type=click.Path(dir_okay=False), help="Weights for timm sources: .safetensors, or .pt/.pth loaded with weights_only=True.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), help="Weights for timm sources instead of the published ones: .safetensors, or .pt/.pth loaded with weights_only=True.")
+@click.option("--random-init", is_flag=True,
+              help="Random weights (seeded) instead of the published ones, for timing and graph work: every command then says the weights are random.")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier width for timm sources (inferred from the checkpoint's head if omitted).")
 @click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
               help="timm.create_model argument of the fine-tuned architecture, e.g. class_token=false, global_pool=avg (repeatable).")
@@ -44,24 +46,30 @@ from .common import command, parse_model_args, split_csv
               help="Write a graph whose weights exceed SIZE (e.g. 512MiB, 1GiB; 0: always) with its weights in <graph>.onnx.data "
                    "beside it; recorded, so the bundle's later passes (fp16, int8, CPU and TensorRT 8.x graphs) follow it. "
                    "Default: $VITDEPLOY_EXTERNAL_DATA_THRESHOLD, else 1GiB (graphs near protobuf's 2 GiB limit always).")
-def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize,
+def command(source, out_dir, checkpoint, random_init, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize,
             variable_size, canvas, variable_policy, channel_order,
             input_format, pos_interp, align_corners, antialias, precision, keep_fp32, fp16_data, no_simplify, no_check, check_images,
             outputs, normalize_embedding, external_data):
     """Export SOURCE to a bundle: ONNX that takes raw uint8 images, with preprocessing, labels and spec bound in.
 
-    SOURCE is builtin:digits (default), timm:<model>, hf:<directory saved with save_pretrained>, or
-    ref:<checkpoint.safetensors> (a vitdeploy reference ViT with its .json beside it).
+    SOURCE is builtin:digits (default); timm:<name>[.<tag>][@<revision>] or timm:hf-hub:<org>/<name>
+    (timm's published weights, through the Hugging Face hub or its cache); hf:<org>/<name>[@<revision>]
+    (a transformers ViT, DeiT, BEiT or DINOv2 with its image processor) or hf:<directory saved with
+    save_pretrained>; or ref:<checkpoint.safetensors> (a vitdeploy reference ViT with its .json beside it).
+    Weights that cannot be had (not cached with HF_HUB_OFFLINE=1, no network, gated without HF_TOKEN,
+    unknown tag) are refused in one line; random weights only with --random-init.
 
     \b
     Example:
       vitdeploy export -o digits-bundle
+      vitdeploy export timm:deit_tiny_patch16_224.fb_in1k -o deit-tiny
+      HF_HUB_OFFLINE=1 vitdeploy export hf:google/vit-base-patch16-224 -o vitb   # from the cache only
       vitdeploy export timm:vit_small_patch16_224 --checkpoint ft.safetensors -o vits --resolution 384
       vitdeploy export hf:./my-vit -o myvit --dynamic-resolution --channel-order bgr
-      vitdeploy export timm:eva02_small_patch14_224 --checkpoint ft.safetensors -o eva02 --dynamic-resolution
-      vitdeploy export timm:vit_small_patch16_224 -o vits-var --variable-size --canvas 384x384
+      vitdeploy export timm:eva02_small_patch14_336.mim_in22k_ft_in1k -o eva02 --dynamic-resolution
+      vitdeploy export timm:vit_small_patch16_224 --random-init -o vits-var --variable-size --canvas 384x384
       vitdeploy export -o digits-feat --outputs logits,probs,embedding,patch_grid --normalize-embedding
-      vitdeploy export timm:vit_small_patch14_reg4_dinov2 -o dinov2 --dynamic-resolution   # no head: embedding,patch_grid
+      vitdeploy export hf:facebook/dinov2-small -o dinov2 --dynamic-resolution   # no head: embedding,patch_grid
       vitdeploy export timm:vit_huge_patch14_224 -o vith --external-data-threshold 0   # model.onnx + model.onnx.data
     """
     from vitdeploy.exporters import ExportOptions, export
@@ -73,6 +81,7 @@ def command(source, out_dir, checkpoint, num_classes, model_args, labels_file, r
         precisions = ("fp32",) + precisions  # fp16 is derived from the verified fp32 graph
     options = ExportOptions(
         checkpoint=checkpoint,
+        random_init=random_init,
         num_classes=num_classes,
         model_kwargs=parse_model_args(model_args),
         labels_file=labels_file,

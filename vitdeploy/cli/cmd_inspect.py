@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command, echo_json
+from .common import command, echo_json, warn_random_weights
 
 
 @command("inspect")
@@ -18,6 +18,7 @@ def command(target, as_json):
       vitdeploy inspect digits-bundle
       vitdeploy inspect digits-bundle/model.onnx --json
     """
+    warn_random_weights(target)
     from ..describe import inspect_report, print_inspect
 
     report = inspect_report(target)

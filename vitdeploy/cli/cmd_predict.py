@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import UserError
-from .common import command, echo_json
+from .common import command, echo_json, warn_random_weights
 from ..remote.cli import on_device
 
 
@@ -44,6 +44,7 @@ def command(bundle: str, images: tuple[str, ...], top_k: int, as_json: bool, pre
       vitdeploy predict bundle photos/ --top-k 3 --json
       vitdeploy predict bundle cat.jpg --backend onnxruntime --precision fp32
     """
+    warn_random_weights(bundle)
     from ..runtime.classifier import BACKENDS, predict_files
     from ..spec import parse_resolution
 

@@ -6,7 +6,7 @@ import click
 
 from ..errors import UserError
 from ..spec import parse_resolution
-from .common import command, echo_json, parse_int_list, split_csv
+from .common import command, echo_json, parse_int_list, split_csv, warn_random_weights
 from ..remote.cli import on_device
 
 
@@ -84,6 +84,7 @@ def command(bundle, resolutions, fills, batches, precisions, backends, iteration
       vitdeploy profile vitb --layers --batch 8                      # on the device, after build-engine --profile-layers
       vitdeploy profile vitb --layers --layer-profile prof.json --layer-info layers.json --trtexec-log run.log
     """
+    warn_random_weights(bundle)
     if layers:
         _layers(bundle, engine, layer_profile, layer_info, trtexec_log, trtexec_path, batches, resolutions, out_dir, as_json)
         return

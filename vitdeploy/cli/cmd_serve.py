@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command
+from .common import command, warn_random_weights
 
 
 @command("serve")
@@ -54,6 +54,7 @@ def command(bundle: str, serve_python: str | None, **options) -> None:
       curl localhost:8000/v2/health/ready && curl -s localhost:8002/metrics | grep nv_inference
       python examples/python/triton_client.py --bundle bundle digit.png
     """
+    warn_random_weights(bundle)
     from ..serve.launcher import launch
     from ..serve.options import ServeOptions
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import command
+from .common import command, warn_random_weights
 
 
 @command("triton-repo")
@@ -32,6 +32,7 @@ def command(bundle: str, out: str, backend: str, max_batch: int, dynamic_batchin
       vitdeploy triton-repo bundle models --backend tensorrt --max-batch 8 --instances 2
       tritonserver --model-repository=models
     """
+    warn_random_weights(bundle)
     from ..triton import TritonOptions, describe_repo, write_triton_repo
 
     options = TritonOptions(

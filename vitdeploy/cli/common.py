@@ -164,3 +164,21 @@ def graph_memory_line(record: dict[str, Any]) -> str:
     data = record.get("data")
     files = f"{record.get('file')} {size(record.get('bytes') or 0)}" + (f" + {data['file']} {size(data['bytes'])}" if data else "")
     return f"{files}; peak resident memory of this process {size(peak)} (getrusage)"
+
+
+def warn_random_weights(target: Any) -> None:
+    """The one-line notice (vitdeploy.weights) on stderr when the bundle at ``target`` holds random weights.
+
+    Every command that uses a bundle calls it first; an unreadable target is left to the command's
+    own error.
+    """
+    from ..bundle import Bundle
+    from ..weights import random_weights_notice
+
+    try:
+        manifest = Bundle.open(target).manifest
+    except (VitDeployError, OSError, ValueError):
+        return
+    notice = random_weights_notice(manifest.get("source"))
+    if notice:
+        click.echo(f"warning: {notice}", err=True)

@@ -26,6 +26,7 @@ from typing import Any
 from ..bundle import Bundle
 from ..errors import ConfigError, MissingDependencyError, UserError
 from ..fileio import atomic_write_bytes, atomic_write_json, sha256_bytes, staged_directory
+from ..weights import weights_record
 from . import dla, fingerprint, portable, targets, timing_cache
 from .builder import BuildRecipe, Ref, recipe
 from .lint import LintReport, lint_file
@@ -372,7 +373,8 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
     cmd = trtexec_command(plan, caps, engine_dir / fingerprint.PLAN_FILE)
     fp = fingerprint.make_fingerprint(
         plan, device, caps.version, plan_sha, len(result.plan_bytes), result.seconds, cache_sha,
-        extra={"target": target, "dla_layers": result.dla_layers, "trtexec": cmd.argv, "parsed_graph": _parsed_graph(plan)},
+        extra={"target": target, "dla_layers": result.dla_layers, "trtexec": cmd.argv, "parsed_graph": _parsed_graph(plan),
+               "weights": weights_record(bundle.manifest.get("source"))},  # random weights say so (vitdeploy.weights)
     )
     with staged_directory(engine_dir) as staging:
         atomic_write_bytes(staging / fingerprint.PLAN_FILE, result.plan_bytes)
