@@ -43,12 +43,6 @@ def has_head(loaded: LoadedModel) -> bool:
     return int(loaded.spec.num_classes) > 0 and not loaded.extra.get("projection_head")
 
 
-def embedding_dim(loaded: LoadedModel) -> int:
-    """d, or the projection's width where the model's embedding is its projection head's output."""
-    projection = loaded.extra.get("projection_head")
-    return int(projection["dim"]) if projection else int(loaded.spec.embed_dim)
-
-
 def default_outputs(loaded: LoadedModel) -> tuple[str, ...]:
     """logits,probs for a classifier; embedding,patch_grid for a backbone without a head."""
     return HEAD_OUTPUTS if has_head(loaded) else FEATURE_OUTPUTS
@@ -100,6 +94,11 @@ def readout_of(loaded: LoadedModel) -> str:
 
 
 def embedding_dim(loaded: LoadedModel) -> int:
+    """d; 2d for HF DINOv2's classifier read-out (CLS and mean patch token side by side); the projection's
+    width where the model's embedding is its projection head's output (CLIP-style)."""
+    projection = loaded.extra.get("projection_head")
+    if projection:
+        return int(projection["dim"])
     return 2 * loaded.spec.embed_dim if readout_of(loaded) == "cls|gap" else loaded.spec.embed_dim
 
 

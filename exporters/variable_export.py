@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from vitdeploy import onnx_io
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, check_export_target, read_labels, refuse_export_precisions,
