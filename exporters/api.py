@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -12,23 +11,23 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-import vitdeploy
 from vitdeploy import onnx_io
-from vitdeploy.bundle import (ARTIFACT_FILES, FORMAT, LABELS, MANIFEST, Bundle, check_export_target, embed_manifest, read_labels,
-                              refuse_export_precisions, write_labels)
+from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions, write_labels)
 from vitdeploy.errors import CheckFailed, UsageError, UserError
-from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, staged_directory
+from vitdeploy.fileio import atomic_write_json
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
 
 from .export_memory import check_export_fits, log_peak, release, release_torch_model
+from .export_steps import (loaded_for_bundle, log_weights, manifest_head, open_export, preprocessing_contract,  # noqa: F401
+                           staged_bundle, torch_module_names, write_graph)
 from .features import describe_outputs, output_doc, resolve_outputs
 from .graph import INPUT_FORMATS, DeployGraph
 from .loaded import RANDOM_INIT_SEED  # noqa: F401 - --random-init weights are seeded so `check` can rebuild them
 from .onnx_export import (OPSET, export_graph, module_output_map, ort_difference, patch_embed_tensors, run_onnxslim,
                           simplify_if_identical, strip_trace_metadata)
 from .regrid import make_dynamic, regrid_static
-from .sources import LoadedModel, load_source
+from .sources import LoadedModel
 from .fp16_keep import fp16_summary
 from .verify import reference_outputs, verify_export  # noqa: F401 - export() calls it through this module (tests patch it here)
 
@@ -76,11 +75,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
 
         return export_variable_size(source, out_dir, opts, log)
     _validate_options(opts)
-    out_dir = Path(out_dir).resolve()  # `-o .` names the folder by its real name
-    check_export_target(out_dir)  # a folder of the user's own files is never replaced
-    ensure_writable_dir(out_dir.parent)  # before minutes of export work, not after
-    labels = read_labels(opts.labels_file) if opts.labels_file else None
-    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs, random_init=opts.random_init, log=log)
+    out_dir, loaded = open_export(source, out_dir, opts, log)
     if opts.resolution:  # before the position table is resampled: refuse what cannot fit, in one line
         from vitdeploy.costs import check_fits_memory
 
@@ -101,7 +96,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     # the PyTorch reference (verification, `check`) returns the same outputs as the graph
     variant.extra = {**variant.extra, "outputs": outputs, "normalize_embedding": opts.normalize_embedding}
 
-    preprocessing = _preprocessing_contract(loaded, opts, resolution)
+    preprocessing = preprocessing_contract(loaded, opts, resolution)
     height, width = resolution["height"], resolution["width"]
     resize_to = (height, width) if opts.resize else None
     module = DeployGraph(variant.model, preprocessing, opts.input_format, resize_to, outputs=outputs, loaded=variant,
@@ -152,8 +147,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
         manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"],
                                           **({"simplify": slim_timing} if opts.simplify else {})}}
-        with staged_directory(out_dir, before_swap=lambda: check_export_target(out_dir)) as stage:
-            written = _write_graph(stage / ARTIFACT_FILES["fp32"], proto, manifest)
+        with staged_bundle(out_dir) as stage:
+            written = write_graph(stage / ARTIFACT_FILES["fp32"], proto, manifest)
             del proto
             release()
             write_labels(stage / LABELS, loaded.labels)
@@ -235,14 +230,6 @@ def _pop_timing(record: dict[str, Any], probe_hw: list[int] | None) -> dict[str,
     return timing
 
 
-def log_weights(loaded: LoadedModel, log: Callable[[str], None]) -> None:
-    """One line naming the weights the bundle will compute (the random-weights warning where so)."""
-    from vitdeploy.weights import describe_weights, random_weights_notice
-
-    notice = random_weights_notice(loaded.source, exporting=True)
-    log(f"warning: {notice}" if notice else f"weights: {describe_weights(loaded.source)}")
-
-
 def _validate_outputs(opts: ExportOptions) -> None:
     from .features import parse_outputs
 
@@ -258,9 +245,9 @@ def _validate_outputs(opts: ExportOptions) -> None:
 
 def _document_outputs(model_proto: Any, details: dict[str, dict[str, Any]]) -> None:
     """Each graph output's doc_string says what it holds (what Netron and onnx.helper show)."""
-    from .onnx_export import _name_grid_axes
+    from .onnx_export import name_grid_axes
 
-    _name_grid_axes(model_proto)  # again: the simplifier may have rewritten the output shapes
+    name_grid_axes(model_proto)  # again: the simplifier may have rewritten the output shapes
     _leaf_outputs(model_proto)
     for value in model_proto.graph.output:
         if value.name in details:
@@ -284,23 +271,6 @@ def _leaf_outputs(model_proto: Any) -> None:
             node.output[:] = [inner if o == value.name else o for o in node.output]
             node.input[:] = [inner if i == value.name else i for i in node.input]
         graph.node.append(helper.make_node("Identity", [inner], [value.name], name=f"{value.name}_output"))
-
-
-def manifest_head(out_dir: Path, loaded: LoadedModel, spec: Any, preprocessing: dict[str, Any], resolution: dict[str, Any],
-                  opset: int) -> dict[str, Any]:
-    """The manifest every export writes, before its graph-specific entries (inputs, outputs, modules)."""
-    return {
-        "format": FORMAT,
-        "vitdeploy_version": vitdeploy.__version__,
-        "name": out_dir.name,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source": loaded.source,
-        "spec": spec.to_dict(),
-        "preprocessing": preprocessing,
-        "labels": loaded.labels,
-        "resolution": resolution,
-        "graph": {"precision": "fp32", "opset": opset, "exporter": "torch.onnx.export(dynamo=True)", "torch_version": torch.__version__},
-    }
 
 
 def _validate_options(opts: ExportOptions) -> None:
@@ -338,23 +308,6 @@ def _variant(loaded: LoadedModel, opts: ExportOptions) -> tuple[LoadedModel, dic
     return loaded, {"mode": "static", "height": native[0], "width": native[1], **base}
 
 
-def _preprocessing_contract(loaded: LoadedModel, opts: ExportOptions, resolution: dict[str, Any]) -> dict[str, Any]:
-    pre = loaded.preprocessing
-    size = [resolution["height"], resolution["width"]]
-    return {
-        "input": opts.input_format,
-        "channel_order": opts.channel_order,
-        "scale": "1/255",
-        "mean": list(pre["mean"]),
-        "std": list(pre["std"]),
-        "input_size": None if (opts.dynamic_resolution or opts.resize) else size,
-        "model_size": size,
-        "in_graph_resize": {"method": "bilinear", "antialias": False, "align_corners": False, "to": size} if opts.resize else None,
-        "host_resize": pre.get("host_resize", {"mode": "stretch", "interpolation": "bilinear", "crop_pct": None}),
-        "config_source": pre.get("config_source", "vitdeploy reference config"),
-    }
-
-
 def _example(opts: ExportOptions, height: int, width: int, patch: tuple[int, int]) -> torch.Tensor:
     if opts.dynamic_resolution:
         # Trace at a non-native, non-square size: sources with a native-size shortcut (HF's
@@ -378,14 +331,6 @@ def _probe(opts: ExportOptions, height: int, width: int, patch: tuple[int, int])
     if opts.input_format == "float-nchw":
         return np.random.default_rng(1).standard_normal((2, 3, height, width)).astype(np.float32)
     return random_images(2, height, width, seed=1)
-
-
-def _write_graph(path: Path, model_proto: Any, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Write the graph (with external data past the bundle's threshold); returns its manifest record."""
-    embed_manifest(model_proto, manifest)
-    model_proto.producer_name = "vitdeploy"
-    model_proto.producer_version = vitdeploy.__version__
-    return onnx_io.save(model_proto, path, manifest=manifest)
 
 
 # graphs made from the fp32 graph (reduced precision, and the fused CPU graph): valid while it is unchanged
@@ -419,27 +364,3 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
     if old.get("records"):
         kept = {k: v for k, v in old["records"].items() if k not in ("export_check", "export")}
         manifest["records"] = {**kept, **manifest.get("records", {})}
-
-
-def torch_module_names(loaded: LoadedModel) -> list[str]:
-    """PyTorch modules whose outputs localise a divergence: each block, the final norm, the head."""
-    depth = loaded.spec.depth
-    if loaded.family == "hf":
-        from .hf_sources import hf_module_names
-
-        return hf_module_names(loaded.model, depth)
-    return [f"blocks.{i}" for i in range(depth)] + ["norm", "head"]
-
-
-# -- re-loading a bundle's source -------------------------------------------------------------------
-def loaded_for_bundle(bundle: Bundle, resolution: tuple[int, int] | None = None) -> LoadedModel:
-    """The bundle's PyTorch model, with the same weights and resolution handling as its graph."""
-    # the same weights (recorded revision, checkpoint or seed; sha256 checked) or one line why not;
-    # the source's own labels: `check` compares the bundle's with them
-    loaded = load_source(bundle.manifest["source"])
-    res = bundle.resolution
-    interp = PosEmbedInterpolation.from_dict({k: v for k, v in res.get("pos_embed_interpolation", {}).items() if k != "description"})
-    if res["mode"] == "dynamic":
-        return make_dynamic(loaded, interp)
-    height, width = resolution or (res["height"], res["width"])
-    return regrid_static(loaded, height, width, interp)

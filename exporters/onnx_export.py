@@ -52,7 +52,7 @@ def export_graph(module: torch.nn.Module, example: torch.Tensor, dynamic_hw: boo
     release_rewriter_matches()
     drop_initializer_value_info(model)
     _name_dynamic_axes(model, dynamic_hw, hw_axes if dynamic_hw else ())
-    _name_grid_axes(model)
+    name_grid_axes(model)
     return model, time.perf_counter() - start
 
 
@@ -189,7 +189,7 @@ def _name_dynamic_axes(model: Any, dynamic_hw: bool, hw_axes: tuple[int, ...]) -
                 dim.dim_param = renames[dim.dim_param]
 
 
-def _name_grid_axes(model: Any) -> None:
+def name_grid_axes(model: Any) -> None:
     """A dynamic patch_grid output [B, d, G_h, G_w]: call its symbolic grid axes grid_h, grid_w."""
     for value in model.graph.output:
         if value.name != "patch_grid":

@@ -110,7 +110,7 @@ class TorchRunner(Runner):
 def bundle_contract(bundle: Bundle, resolution: tuple[int, int] | None = None) -> tuple[LoadedModel, dict[str, Any]]:
     """The bundle's PyTorch model and what a runner must reproduce of its graph: preprocessing,
     in-graph resize, declared outputs and embedding normalisation (runner keyword arguments)."""
-    from .api import loaded_for_bundle
+    from .export_steps import loaded_for_bundle
 
     loaded = loaded_for_bundle(bundle, resolution)
     pre = bundle.preprocessing

@@ -15,14 +15,16 @@ from typing import Any, Callable
 import numpy as np
 
 from vitdeploy import onnx_io
-from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, check_export_target, read_labels, refuse_export_precisions,
+from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions,
                               write_labels)
 from vitdeploy.errors import CheckFailed, UsageError
-from vitdeploy.fileio import atomic_write_json, ensure_writable_dir, staged_directory
+from vitdeploy.fileio import atomic_write_json
 from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas, mixed_sizes, padded_batch  # noqa: F401 - re-exported
 
+from .export_steps import (log_weights, manifest_head, open_export, preprocessing_contract, staged_bundle, torch_module_names,
+                           write_graph)
 from .onnx_export import strip_trace_metadata
-from .sources import LoadedModel, load_source
+from .sources import LoadedModel
 from .variable_size import MASK_BIAS, RULE, VariableSizeGraph, export_variable_graph
 
 LIMIT_MAX_ABS = 1e-4
@@ -30,15 +32,10 @@ LIMIT_MAX_ABS = 1e-4
 
 def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Callable[[str], None]) -> Bundle:
     """Export ``source`` with a (images, valid_hw) input at ``opts.canvas``; see the module doc."""
-    from .api import _preprocessing_contract, log_weights, _write_graph, manifest_head, torch_module_names
     from .onnx_export import module_output_map
 
     _validate(opts)
-    out_dir = Path(out_dir).resolve()  # `-o .` names the folder by its real name
-    check_export_target(out_dir)  # a folder of the user's own files is never replaced
-    ensure_writable_dir(out_dir.parent)
-    labels = read_labels(opts.labels_file) if opts.labels_file else None
-    loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs, random_init=opts.random_init, log=log)
+    out_dir, loaded = open_export(source, out_dir, opts, log)  # the same steps as a one-size export
     canvas = tuple(int(v) for v in opts.canvas)
     spec = loaded.spec
     canvas_grid = spec.grid(*canvas)  # one line naming valid sizes when the patch does not tile the canvas
@@ -48,7 +45,7 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
         "mode": "variable", "height": canvas[0], "width": canvas[1], "native": list(spec.image_size),
         "pos_embed_interpolation": {**interp.to_dict(), "description": interp.describe()},
     }
-    preprocessing = _preprocessing_contract(loaded, opts, resolution)
+    preprocessing = preprocessing_contract(loaded, opts, resolution)
     preprocessing["input_size"] = list(canvas)
     preprocessing["variable_size"] = {
         "canvas": list(canvas), "canvas_grid": list(canvas_grid), "valid_input": VALID_INPUT, "round_to": list(spec.patch_size),
@@ -80,9 +77,9 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
     manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"]}}
     if opts.external_data_threshold is not None:  # the bundle's later passes follow the same rule
         manifest["storage"] = {onnx_io.MANIFEST_KEY: int(opts.external_data_threshold)}
-    with staged_directory(out_dir, before_swap=lambda: check_export_target(out_dir)) as stage:
+    with staged_bundle(out_dir) as stage:
         path = stage / ARTIFACT_FILES["fp32"]
-        manifest["artifacts"] = {"fp32": _write_graph(path, model_proto, manifest)}
+        manifest["artifacts"] = {"fp32": write_graph(path, model_proto, manifest)}
         del model_proto  # written: the verification runs from the file
         write_labels(stage / LABELS, loaded.labels)
         atomic_write_json(stage / MANIFEST, manifest)
