@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -191,7 +192,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     # export's peak memory). Only when that verification fails does the probe say whose fault it is,
     # against the exporter's graph, which waits on disk meanwhile: onnxslim holds its input and output
     # (about 2.1x the weights), and only 1.1x when nothing else holds its input (measured, ViT-B/16).
-    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.exporter.", dir=out_dir.parent) as keep:
+    # named like the staging folder (writer's pid), so a killed export's leftover is removed by the next
+    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.exporter.{os.getpid()}.", dir=out_dir.parent) as keep:
         exporter_file = Path(keep) / ARTIFACT_FILES["fp32"]
         onnx_io.save(exporter_graph[0], exporter_file)
         slim, record = run_onnxslim(exporter_graph.pop())

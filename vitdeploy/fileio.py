@@ -129,14 +129,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_staging(target: Path) -> list[Path]:
-    """Remove the staging and swap-out folders a killed export into ``target`` left beside it.
+    """Remove the staging, swap-out and scratch folders a killed export into ``target`` left beside it.
 
-    Their names carry the writer's pid (``.NAME.staging.PID.*``, ``.NAME.old.PID``): a folder whose
+    Their names carry the writer's pid (``.NAME.staging.PID.*``, ``.NAME.old.PID``, ``.NAME.exporter.PID.*``): a folder whose
     writer is gone is removed; one whose writer still runs (a concurrent export) is left alone; an
     older name without a pid is removed when it predates this process.
     """
     removed = []
-    for kind in ("staging", "old"):
+    for kind in ("staging", "old", "exporter"):
         for path in target.parent.glob(f".{target.name}.{kind}.*"):
             parts = path.name[len(f".{target.name}.{kind}."):].split(".")
             pid = int(parts[0]) if parts[0].isdigit() else None
