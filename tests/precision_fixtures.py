@@ -62,7 +62,7 @@ def timm_variants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths = {}
     for kind in ("plain", "outliers", "massive"):
         torch.manual_seed(0)
-        model = load_source(TIMM, model_kwargs={"depth": 2}).model
+        model = load_source(TIMM, model_kwargs={"depth": 2}, random_init=True).model
         record: dict[str, Any] = {"kind": "plain"}
         if kind == "outliers":
             record = plant_outliers(model, 64.0)

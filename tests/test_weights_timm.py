@@ -288,7 +288,7 @@ def test_costs_of_a_timm_name_need_no_weights(tmp_path, monkeypatch):
     from vitdeploy.cli import main
 
     offline_hub(monkeypatch, tmp_path / "empty-home")  # nothing cached, no network: the architecture is enough
-    result = CliRunner().invoke(main, ["costs", "timm:vit_tiny_patch16_224", "--resolutions", "224"])
+    result = CliRunner(env={"COLUMNS": "160"}).invoke(main, ["costs", "timm:vit_tiny_patch16_224", "--resolutions", "224"])
     assert result.exit_code == 0, result.output
     assert "224x224" in result.output
 
