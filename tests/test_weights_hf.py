@@ -11,13 +11,12 @@ dynamic sizes. Models are seeded and tiny (2 blocks, d=32) so the exports stay q
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from hf_cache import offline_hub, repo_folder, write_folder
+from hf_cache import copy_cache, offline_hub, repo_folder, write_folder
 
 from vitdeploy.errors import UserError
 from vitdeploy.fileio import sha256_file
@@ -72,32 +71,41 @@ def _give_weights(model: torch.nn.Module) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    """HF_HOME with the five repositories, and the bundles exported from them (offline)."""
-    from vitdeploy.exporters import ExportOptions, export
-
-    home = tmp_path_factory.mktemp("hf-home")
+def _write_families(root: Path) -> None:
+    """The five repositories in a Hugging Face home under ``root`` (seeded: the same bytes every time)."""
+    home = root / "hf-home"
     torch.manual_seed(0)
-    entries = {}
+    meta = {}
     for key, (model, processor, resize, size, static, dynamic) in _families().items():
         _give_weights(model)
-        folder = Path(tempfile.mkdtemp(dir=tmp_path_factory.mktemp(key)))
+        folder = root / "models" / key
         model.save_pretrained(folder)
         processor.save_pretrained(folder)
         repo = f"{ORG}/{key}"
-        entries[key] = {"repo": repo, "commit": write_folder(home, repo, folder), "resize": resize, "size": size,
-                        "static": static, "dynamic": dynamic, "folder": folder}
-    out = tmp_path_factory.mktemp("bundles")
+        meta[key] = {"repo": repo, "commit": write_folder(home, repo, folder), "resize": resize, "size": size, "static": static,
+                     "dynamic": dynamic}
+    (root / "entries.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture(scope="module")
+def hub(shared_artifact, export_cached):
+    """HF_HOME with the five repositories, and the bundles exported from them (offline). Both are built once
+    per run for every worker (tests/artifact_cache.py), the exports keyed on the home's stable path."""
+    root = shared_artifact(["hf-families", 1], _write_families)
+    home = root / "hf-home"
+    entries = json.loads((root / "entries.json").read_text())
+    for key, entry in entries.items():
+        entry.update(folder=root / "models" / key, size=tuple(entry["size"]), static=tuple(entry["static"]) if entry["static"] else None,
+                     dynamic=[tuple(d) for d in entry["dynamic"]] if entry["dynamic"] else None)
     with pytest.MonkeyPatch.context() as mp:
         offline_hub(mp, home)
         for key, entry in entries.items():
             fast = dict(check_images=2, simplify=False)
-            entry["native"] = export(f"hf:{entry['repo']}", out / f"{key}-native", ExportOptions(**fast))
+            entry["native"] = export_cached(f"hf:{entry['repo']}", **fast)
             if entry["static"]:
-                entry["static_bundle"] = export(f"hf:{entry['repo']}", out / f"{key}-static", ExportOptions(resolution=entry["static"], **fast))
+                entry["static_bundle"] = export_cached(f"hf:{entry['repo']}", resolution=entry["static"], **fast)
             if entry["dynamic"]:
-                entry["dynamic_bundle"] = export(f"hf:{entry['repo']}", out / f"{key}-dynamic", ExportOptions(dynamic_resolution=True, **fast))
+                entry["dynamic_bundle"] = export_cached(f"hf:{entry['repo']}", dynamic_resolution=True, **fast)
     return {"home": home, "entries": entries}
 
 
@@ -216,15 +224,16 @@ def _write_config_only(home: Path, repo: str, config: dict) -> None:
     write_snapshot(home, repo, {"config.json": json.dumps(config).encode()})
 
 
-def test_a_class_vitdeploy_cannot_take_is_named(hub, monkeypatch):
+def test_a_class_vitdeploy_cannot_take_is_named(hub, monkeypatch, tmp_path):
     from transformers import SwinConfig
 
     from vitdeploy.exporters.sources import load_source
 
     config = SwinConfig(num_labels=3).to_dict()
     config["architectures"] = ["SwinForImageClassification"]
-    _write_config_only(hub["home"], f"{ORG}/swin", config)
-    offline_hub(monkeypatch, hub["home"])
+    home = copy_cache(hub["home"], tmp_path / "home")  # the shared home stays as built
+    _write_config_only(home, f"{ORG}/swin", config)
+    offline_hub(monkeypatch, home)
     with pytest.raises(UserError) as err:
         load_source(f"hf:{ORG}/swin")
     text = str(err.value)
@@ -240,10 +249,11 @@ def test_weights_transformers_would_fill_randomly_are_refused(hub, monkeypatch, 
     config.update(architectures=["Dinov2ForImageClassification"], id2label={"0": "a", "1": "b"}, label2id={"a": 0, "b": 1})
     from hf_cache import write_snapshot
 
-    write_snapshot(hub["home"], f"{ORG}/dinov2-no-head", {"config.json": json.dumps(config).encode(),
-                                                          "model.safetensors": folder / "model.safetensors",
-                                                          "preprocessor_config.json": folder / "preprocessor_config.json"})
-    offline_hub(monkeypatch, hub["home"])
+    home = copy_cache(hub["home"], tmp_path / "home")  # the shared home stays as built
+    write_snapshot(home, f"{ORG}/dinov2-no-head", {"config.json": json.dumps(config).encode(),
+                                                   "model.safetensors": folder / "model.safetensors",
+                                                   "preprocessor_config.json": folder / "preprocessor_config.json"})
+    offline_hub(monkeypatch, home)
     with pytest.raises(UserError) as err:
         load_source(f"hf:{ORG}/dinov2-no-head")
     assert "lacks 2 weights of Dinov2ForImageClassification (classifier.bias, classifier.weight)" in str(err.value)
