@@ -76,10 +76,12 @@ class TorchRunner(Runner):
     @classmethod
     def from_bundle(cls, bundle: Bundle, device: str = "cpu", dtype: str = "fp32", resolution: tuple[int, int] | None = None,
                     threads: int | None = None) -> "TorchRunner":
-        """Rebuild the bundle's source model (same weights, same resolution handling) on PyTorch."""
+        """Rebuild the bundle's source model (same weights, same resolution handling) on PyTorch, at
+        ``resolution`` (a static graph's re-export size). The per-image reference of a canvas is built at
+        the native size whatever is asked: it re-grids itself to each image's own size."""
         contract = InputContract.from_bundle(bundle)
-        # built at the size data reaches the host at (a canvas: the native size, re-gridded per image)
-        loaded, kwargs = bundle_contract(bundle, resolution or contract.source_size)
+        per_image = VALID_INPUT in contract.input_names
+        loaded, kwargs = bundle_contract(bundle, contract.source_size if per_image else (resolution or contract.source_size))
         return cls(loaded, device=device, dtype=dtype, threads=threads, contract=contract, rule=position_rule(bundle), **kwargs)
 
     def inputs(self) -> list[TensorInfo]:

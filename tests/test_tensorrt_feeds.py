@@ -273,3 +273,37 @@ def test_profile_times_variable_cells_on_the_engine_with_their_valid_hw(variable
     feeds = cell.feeds(stand_in)
     assert feeds["images"].shape == (4, 48, 48, 3) and feeds["images"].dtype == np.uint8
     np.testing.assert_array_equal(feeds["valid_hw"], plan.cell_valid_hw(contract, planned[0], config.seed))
+
+
+@pytest.mark.slow
+def test_check_scores_a_variable_size_engine_where_it_runs(variable_engine_bundle, monkeypatch):
+    """`check` on a variable-size bundle feeds its engine the same mixed-size sets as its graphs (profile
+    rows 2..8, a chunk under the minimum padded and cut back) and gates it; elsewhere it says why not."""
+    from vitdeploy.checks import CheckOptions, run_check
+    from vitdeploy.engine import fingerprint, versions
+    from vitdeploy.runtime import select
+
+    bundle = variable_engine_bundle
+    monkeypatch.setattr(versions, "import_tensorrt", lambda purpose="": object())
+    monkeypatch.setattr(versions, "installed_version", lambda: versions.TrtVersion.parse("10.3.0"))
+    monkeypatch.setattr(fingerprint, "query_device", lambda index=0: fingerprint.DeviceInfo("NVIDIA H200", "9.0"))
+    engines = []
+    monkeypatch.setattr(select, "open_engine", lambda entry: engines.append(OrtAsEngine(bundle.artifact_path("fp32"))) or engines[-1])
+    options = CheckOptions(random_count=8, limit=57, batch=8, threads=1, write_report=False)
+    report = run_check(bundle.root, options)
+    assert report["kind"] == "variable-size" and report["passed"], report["failures"]
+    engine = next(a for a in report["artifacts"] if a["backend"] == "tensorrt")
+    assert engine["gated"] and engine["passed"] and engine["execution"] == "h200-trt10.3.0-fp32"
+    assert [row["set"] for row in engine["sets"]] == ["numbers", "task"] and engine["edge"]["nonfinite"] == 0
+    gates = {g["name"] for g in engine["gates"]}
+    assert {"logits cosine (1st percentile of rows) on task", "top-1 agreement on task (rows vs alone)", "accuracy drop on task",
+            "non-finite output values (mixed batches and edge valid_hw rows)"} <= gates
+    calls = engines[0].batches
+    assert min(calls) >= 2 and max(calls) <= 8 and sum(1 for c in calls if c == 2) >= 1  # 57 = 7 x 8 + 1: the last padded to 2
+    graph = next(a for a in report["artifacts"] if a["backend"] == "onnxruntime")
+    task = {row["set"]: row for row in engine["sets"]}["task"]
+    assert task["accuracy"] == {row["set"]: row for row in graph["sets"]}["task"]["accuracy"]  # the engine stand-in is the graph
+    # no engine fits this device: skipped with the reason, and the report still passes on the graphs
+    monkeypatch.setattr(fingerprint, "query_device", lambda index=0: fingerprint.DeviceInfo("Orin", "8.7"))
+    skipped = next(a for a in run_check(bundle.root, options)["artifacts"] if a["backend"] == "tensorrt")
+    assert skipped["passed"] is None and "compute capability 9.0" in skipped["skipped"]

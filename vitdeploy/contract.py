@@ -125,6 +125,13 @@ class InputContract:
         """A canvas contract whose host places images by ``policy`` (``none``: as they are)."""
         return replace(self, policy=policy) if self.kind == CANVAS else self
 
+    def at_size(self, height: int, width: int) -> "InputContract":
+        """The contract that feeds images of ``height`` x ``width`` as they are: a graph fed that size (a
+        dynamic graph's chosen size, or a static re-export at it); a canvas places them unresized."""
+        if self.kind == CANVAS:
+            return self.with_policy("none")
+        return replace(self, size=(int(height), int(width)))
+
     @property
     def min_rows(self) -> int:
         return max(1, int(self.batch[0]))
@@ -182,13 +189,19 @@ class InputContract:
             return self._to_graph_size(image)
         raise UserError(f"cannot classify a {type(image).__name__}; give image paths or uint8 arrays")
 
+    def takes_as_is(self, height: int, width: int) -> bool:
+        """An array of this size goes to the graph unresized: the size fed, or any size in range when the
+        graph resizes inside (a canvas always applies its fit policy, which keeps fitted sizes)."""
+        if self.kind == CANVAS:
+            return False
+        return (int(height), int(width)) == self.size or (self.in_graph_resize is not None and self.accepts(height, width))
+
     def _to_graph_size(self, image: np.ndarray) -> np.ndarray:
         from .images import resize_for_model
 
         if self.kind == CANVAS:
             return fit_image(image, self.preprocessing, self.policy)
-        height, width = image.shape[:2]
-        if (height, width) == self.size or (self.in_graph_resize is not None and self.accepts(height, width)):
+        if self.takes_as_is(*image.shape[:2]):
             return image
         return resize_for_model(image, self.preprocessing, self.size)
 
@@ -226,6 +239,14 @@ class InputContract:
 
             batch = normalise(batch, self.preprocessing)
         return self.check_feeds({self.image_input: batch})
+
+    def feeds_for(self, images: Any) -> Dict[str, np.ndarray]:
+        """uint8 images in the graph's channel order (an [N, H, W, 3] array or a list of HWC arrays) ->
+        feeds, each image prepared as :meth:`prepare` does; a batch the graph takes as it is is not copied."""
+        if (isinstance(images, np.ndarray) and images.ndim == 4 and images.dtype == np.uint8 and not self.float_input
+                and self.takes_as_is(*images.shape[1:3])):
+            return self.check_feeds({self.image_input: images})
+        return self.feeds(self.prepare_all(images))
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> Dict[str, np.ndarray]:
         """The feeds as the graph takes them (valid_hw as int32, contiguous), or one line saying what is wrong."""

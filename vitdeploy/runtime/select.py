@@ -181,10 +181,12 @@ class EngineRun:
     skipped: str | None = None
 
 
-def engines_here(bundle: Bundle, contract: InputContract, sizes: Sequence[tuple[int, int]] | None = None) -> list[EngineRun]:
+def engines_here(bundle: Bundle, contract: InputContract, sizes: Sequence[tuple[int, int]] | None = None,
+                 purpose: str = "checked") -> list[EngineRun]:
     """Every engine of the bundle: opened where it runs on this device and one of its profiles holds one of
-    ``sizes`` (H, W; default: the contract's size), else the reason it was skipped. The contract comes
-    narrowed to the first profile holding the first such size."""
+    ``sizes`` (H, W; default: the contract's size), else the reason it was skipped (``purpose``: what the
+    caller does with engines, for that line). The contract comes narrowed to the first profile holding the
+    first such size."""
     entries = find_engines(bundle)
     if not entries:
         return []
@@ -192,7 +194,7 @@ def engines_here(bundle: Bundle, contract: InputContract, sizes: Sequence[tuple[
     try:
         device = this_device()
     except MissingDependencyError:
-        return [EngineRun(e, skipped="TensorRT is not installed on this machine (engines are checked on their target GPU)")
+        return [EngineRun(e, skipped=f"TensorRT is not installed on this machine (engines are {purpose} on their target GPU)")
                 for e in entries]
     except (DeviceError, UserError) as exc:
         return [EngineRun(e, skipped=str(exc)) for e in entries]
