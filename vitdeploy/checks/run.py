@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +24,7 @@ from ..errors import UserError
 from ..fileio import atomic_write_json, sha256_cached
 from .localise import localise
 from .protocol import protocol_evidence
-from .score import batch_consistency, score, summary
+from .score import Reference, batch_consistency, score, summary
 from .sets import FINITE, IMAGES, REPORT_FIELDS, CheckSet, check_sets
 
 
@@ -103,6 +103,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     ref_acc = {s.name: accuracy(ref_out[s.name]["logits"], s.labels) for s in judged if s.labels is not None and "logits" in ref_out[s.name]}
     for name, acc in ref_acc.items():
         log(f"PyTorch fp32 accuracy on {name}: {acc:.2%}")
+    against = Reference(sets, ref_out, ref_acc, opts)
 
     artifacts, failures = [], []
     for precision in precisions:
@@ -112,7 +113,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
         computes_in = "fp32" if precision == "cpu" else precision
         for execution, level, gated in executions(bundle, precision):
             runner = onnxruntime_runner(bundle, contract, computes_in, threads=opts.threads, optimization=level, graph=graph).runner
-            entry = score(computes_in, execution, runner, sets, ref_out, ref_acc, opts, gated)
+            entry = score(against, computes_in, execution, runner, gated)
             entry["precision"] = precision
             entry.update({"file": graph.name, "sha256": sha256_cached(graph),  # what was measured, not what is claimed
                           "providers": runner.info.details.get("providers"), "optimization": level})
@@ -137,7 +138,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
                 if loc.get("first_divergence"):
                     failures.append(f"{precision}: first divergence at PyTorch module {loc['first_divergence']}")
 
-    for entry in engine_entries(bundle, contract, sets, ref_out, ref_acc, opts):
+    for entry in engine_entries(bundle, contract, against):
         artifacts.append(entry)
         if entry.get("gated") and not entry["passed"]:
             failures.extend(f"tensorrt {entry['execution']}: {g}" for g in entry["failed_gates"])
@@ -192,8 +193,7 @@ def _protocol_probe(sets: list[CheckSet]) -> dict[str, np.ndarray]:
     return {name: np.concatenate([s.feeds[name][:8] for s in alike]) for name in first.feeds}
 
 
-def engine_entries(bundle: Bundle, contract: InputContract, sets: list[CheckSet], ref_out: dict, ref_acc: dict,
-                   opts: CheckOptions) -> list[dict[str, Any]]:
+def engine_entries(bundle: Bundle, contract: InputContract, against: Reference) -> list[dict[str, Any]]:
     """TensorRT engines, scored like the ONNX graphs where TensorRT and their GPU exist.
 
     An engine is judged by the task gates whatever its precision: TensorRT may pick TF32 or fused
@@ -203,6 +203,7 @@ def engine_entries(bundle: Bundle, contract: InputContract, sets: list[CheckSet]
     """
     from ..runtime.select import engines_here
 
+    sets, opts = against.sets, against.opts
     entries = []
     sizes = sorted({tuple(int(v) for v in s.images.shape[1:3]) for s in sets})
     for run in engines_here(bundle, contract, sizes):
@@ -224,9 +225,8 @@ def engine_entries(bundle: Bundle, contract: InputContract, sets: list[CheckSet]
             continue
         max_rows = min(narrowed.max_rows(opts.batch) for _, narrowed in held)
         min_rows = max(narrowed.min_rows for _, narrowed in held)
-        engine_opts = replace(opts, batch=max(1, min(opts.batch, max_rows)))
-        scored = score("int8" if entry.precision == "int8" else "fp16", entry.target, run.runner, [s for s, _ in held], ref_out, ref_acc,
-                       engine_opts, True, min_rows=min_rows)
+        scored = score(against, "int8" if entry.precision == "int8" else "fp16", entry.target, run.runner, True, [s for s, _ in held],
+                       batch=max(1, min(opts.batch, max_rows)), min_rows=min_rows)
         scored.update({"precision": entry.precision, "backend": "tensorrt", "engine": record.get("dir") or f"engines/{entry.dir.name}",
                        "source_sha256": record.get("source_sha256") or entry.fingerprint.get("source_sha256")})
         run.runner.close()

@@ -14,6 +14,7 @@ Gates per set, by how the set is judged (vitdeploy.checks.sets):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,23 @@ FEATURE_OUTPUTS = ("embedding", "patch_grid")
 ROW_OUTPUTS = ("logits", "probs")
 
 
-def score(precision: str, execution: str, runner: Any, sets: list[CheckSet], ref_out: dict[str, dict[str, np.ndarray]],
-          ref_acc: dict[str, float], opts: Any, gated: bool, batch: int | None = None, min_rows: int = 1) -> dict[str, Any]:
-    """The artifact's entry: per-set rows, every gate, the failed ones, and the verdict."""
+@dataclass
+class Reference:
+    """What every artifact of one check is scored against: the sets, PyTorch's outputs and accuracy on
+    each, and the options (gates' limits, batch)."""
+
+    sets: list[CheckSet]
+    outputs: dict[str, dict[str, np.ndarray]]  # set name -> PyTorch's named outputs
+    accuracy: dict[str, float]  # set name -> PyTorch's accuracy on a labelled set
+    opts: Any  # CheckOptions
+
+
+def score(ref: Reference, precision: str, execution: str, runner: Any, gated: bool, sets: list[CheckSet] | None = None,
+          batch: int | None = None, min_rows: int = 1) -> dict[str, Any]:
+    """The artifact's entry on ``sets`` (default: all of them): per-set rows, every gate, the failed ones,
+    and the verdict. ``batch``/``min_rows``: the rows per call the runner takes (an engine profile's)."""
+    opts, ref_out, ref_acc = ref.opts, ref.outputs, ref.accuracy
+    sets = ref.sets if sets is None else sets
     batch = batch or opts.batch
     rows, gates, structural = [], [], []
     nonfinite, finite_judged, edge = 0, False, None

@@ -145,65 +145,23 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
 
     ctx = Context(seed=opts.seed, patch=tuple(bundle.spec.patch_size), mean_rgb=mean_rgb(pre), occlusion_fill=opts.occlusion_fill)
     clean = data.images
-    labels = data.labels
     fractions = foreground_fraction(clean, ctx.background_tol)
     separable = int((~np.isnan(fractions)).sum())
     bins = size_bins(fractions)
     strata = size_strata(fractions, bins)
 
-    conditions = [_Condition(CLEAN, None, None, len(clean), opts.seed)]
-    for transform, levels in suite:
-        for level in levels:
-            cond = _Condition(f"{transform.name}@{level:g}", transform, level, len(clean), opts.seed)
-            if transform.needs_background:
-                cond.applied_to = separable
-                if separable == 0:
-                    cond.note = "skipped: no image has a separable background (see the transform's rule)"
-            conditions.append(cond)
+    conditions = _conditions(suite, len(clean), separable, opts.seed)
     runnable = [c for c in conditions if not c.note.startswith("skipped")]
     prog.begin(len(runnable) * len(scorers) + len(resolutions) * (len(precisions) + (1 if reference is not None else 0)))
 
-    preds: dict[str, dict[str, np.ndarray]] = {s.id: {} for s in scorers}
-    infer_s = {s.id: 0.0 for s in scorers}
-    transform_s = 0.0
+    def make_feeds(cond: _Condition) -> dict[str, np.ndarray]:
+        images = clean if cond.transform is None else cond.transform.apply(clean, cond.severity, ctx)
+        return contract.feeds_for(to_channel_order(images, pre))  # one set of feeds for every scorer
+
     # Scorers run side by side when each is pinned to fewer threads than the machine has (--threads 1
     # on 2 cores: two scorers at once); ONNX Runtime and PyTorch release the GIL while they compute.
     workers = scorer_workers(threads, len(scorers))
-
-    import threading
-
-    # one batch at a time per scorer: a TensorRT context and its buffers serve one call at once
-    busy = {s.id: threading.Lock() for s in scorers}
-
-    def run_one(scorer: Scorer, cond_id: str, feeds: dict[str, np.ndarray]) -> None:
-        with busy[scorer.id]:
-            t1 = time.perf_counter()
-            preds[scorer.id][cond_id] = scorer.predict(feeds)
-            infer_s[scorer.id] += time.perf_counter() - t1
-
-    from collections import deque
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    def settle(cond_id: str, futures: list[tuple[Scorer, Future]]) -> None:
-        for scorer, future in futures:
-            future.result()  # re-raises a scorer's error here
-            prog.step(f"{cond_id} · {scorer.id}")
-
-    # One condition ahead: the next condition's images are made while the scorers work on this one,
-    # and a worker that finishes early takes the next condition's first task instead of waiting for
-    # the slowest scorer (no barrier per condition); two conditions' images at most are held.
-    in_flight: deque[tuple[str, list[tuple[Scorer, Future]]]] = deque()
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for cond in runnable:
-            t = time.perf_counter()
-            images = clean if cond.transform is None else cond.transform.apply(clean, cond.severity, ctx)
-            feeds = contract.feeds_for(to_channel_order(images, pre))  # one set of feeds for every scorer
-            transform_s += time.perf_counter() - t
-            in_flight.append((cond.id, [(scorer, pool.submit(run_one, scorer, cond.id, feeds)) for scorer in scorers]))
-            if len(in_flight) > 1:
-                settle(*in_flight.popleft())
-        while in_flight:
-            settle(*in_flight.popleft())
+    preds, infer_s, transform_s = _predict(scorers, runnable, make_feeds, workers, prog)
     timing["transforms_s"] = transform_s
     timing["inference_s"] = dict(infer_s)  # per scorer; they overlap when workers > 1
     timing["workers"] = workers
@@ -211,22 +169,8 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
 
     results: dict[str, dict[str, Any]] = {}
     flags: list[str] = []
-    size_names = bins["names"]
     for scorer in scorers:
-        ref_preds = preds[agree_with] if scorer.id != agree_with else None
-        clean_stats = condition_stats(preds[scorer.id][CLEAN], labels, data.classes, strata, size_names, None,
-                                      ref_preds[CLEAN] if ref_preds else None)
-        clean_stats["drop_pt"] = 0.0
-        out = {CLEAN: clean_stats}
-        for cond in runnable[1:]:
-            stats = condition_stats(preds[scorer.id][cond.id], labels, data.classes, strata, size_names, clean_stats,
-                                    ref_preds[cond.id] if ref_preds else None, clean_stats.get("agreement"))
-            if scorer.kind != "reference" and stats.get("agreement_drop_pt", 0.0) > opts.max_drop_pt:
-                stats["flag"] = (f"agreement with {agree_with} falls {stats['agreement_drop_pt']:.1f} pt below clean "
-                                 f"(> {opts.max_drop_pt:g}): this graph diverges under {cond.id}")
-                flags.append(f"{scorer.id}: {stats['flag']}")
-            out[cond.id] = stats
-        results[scorer.id] = out
+        results[scorer.id] = _scorer_results(scorer, runnable, preds, agree_with, data, strata, bins["names"], opts.max_drop_pt, flags)
 
     t = time.perf_counter()
     sweep = ResolutionSweep(bundle, contract, data_spec, opts, precisions, size, reference is not None, prog, log)
@@ -270,6 +214,83 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
         "wall_s": timing["total_s"],
     }
     return EvaluateResult(report, preds)
+
+
+def _conditions(suite: list[tuple[Transform, Sequence[float]]], count: int, separable: int, seed: int) -> list[_Condition]:
+    """Clean, then every transform at every severity; a background transform on images whose background
+    is not separable is kept as skipped (the report says why)."""
+    conditions = [_Condition(CLEAN, None, None, count, seed)]
+    for transform, levels in suite:
+        for level in levels:
+            cond = _Condition(f"{transform.name}@{level:g}", transform, level, count, seed)
+            if transform.needs_background:
+                cond.applied_to = separable
+                if separable == 0:
+                    cond.note = "skipped: no image has a separable background (see the transform's rule)"
+            conditions.append(cond)
+    return conditions
+
+
+def _predict(scorers: list[Scorer], conditions: list[_Condition], make_feeds: Callable[[_Condition], dict[str, np.ndarray]],
+             workers: int, prog: Progress) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float], float]:
+    """Top-1 predictions of every scorer under every condition: (scorer -> condition -> preds, inference
+    seconds per scorer, seconds spent making the conditions' feeds)."""
+    import threading
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    preds: dict[str, dict[str, np.ndarray]] = {s.id: {} for s in scorers}
+    infer_s = {s.id: 0.0 for s in scorers}
+    transform_s = 0.0
+    # one batch at a time per scorer: a TensorRT context and its buffers serve one call at once
+    busy = {s.id: threading.Lock() for s in scorers}
+
+    def run_one(scorer: Scorer, cond_id: str, feeds: dict[str, np.ndarray]) -> None:
+        with busy[scorer.id]:
+            t1 = time.perf_counter()
+            preds[scorer.id][cond_id] = scorer.predict(feeds)
+            infer_s[scorer.id] += time.perf_counter() - t1
+
+    def settle(cond_id: str, futures: list[tuple[Scorer, Future]]) -> None:
+        for scorer, future in futures:
+            future.result()  # re-raises a scorer's error here
+            prog.step(f"{cond_id} · {scorer.id}")
+
+    # One condition ahead: the next condition's images are made while the scorers work on this one,
+    # and a worker that finishes early takes the next condition's first task instead of waiting for
+    # the slowest scorer (no barrier per condition); two conditions' images at most are held.
+    in_flight: deque[tuple[str, list[tuple[Scorer, Future]]]] = deque()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for cond in conditions:
+            t = time.perf_counter()
+            feeds = make_feeds(cond)
+            transform_s += time.perf_counter() - t
+            in_flight.append((cond.id, [(scorer, pool.submit(run_one, scorer, cond.id, feeds)) for scorer in scorers]))
+            if len(in_flight) > 1:
+                settle(*in_flight.popleft())
+        while in_flight:
+            settle(*in_flight.popleft())
+    return preds, infer_s, transform_s
+
+
+def _scorer_results(scorer: Scorer, conditions: list[_Condition], preds: dict[str, dict[str, np.ndarray]], agree_with: str, data: Any,
+                    strata: np.ndarray, size_names: list[str], max_drop_pt: float, flags: list[str]) -> dict[str, Any]:
+    """One scorer's statistics per condition (against clean, and agreement with ``agree_with``); a graph
+    whose agreement falls more than ``max_drop_pt`` below clean is flagged (appended to ``flags``)."""
+    ref_preds = preds[agree_with] if scorer.id != agree_with else None
+    clean_stats = condition_stats(preds[scorer.id][CLEAN], data.labels, data.classes, strata, size_names, None,
+                                  ref_preds[CLEAN] if ref_preds else None)
+    clean_stats["drop_pt"] = 0.0
+    out = {CLEAN: clean_stats}
+    for cond in conditions[1:]:
+        stats = condition_stats(preds[scorer.id][cond.id], data.labels, data.classes, strata, size_names, clean_stats,
+                                ref_preds[cond.id] if ref_preds else None, clean_stats.get("agreement"))
+        if scorer.kind != "reference" and stats.get("agreement_drop_pt", 0.0) > max_drop_pt:
+            stats["flag"] = (f"agreement with {agree_with} falls {stats['agreement_drop_pt']:.1f} pt below clean "
+                             f"(> {max_drop_pt:g}): this graph diverges under {cond.id}")
+            flags.append(f"{scorer.id}: {stats['flag']}")
+        out[cond.id] = stats
+    return out
 
 
 def _cpus() -> int:
