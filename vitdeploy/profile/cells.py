@@ -85,7 +85,7 @@ def runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int
             from .variable import VariableTorchRunner
 
             def make() -> Runner:
-                return VariableTorchRunner(bundle, contract, device=device, threads=threads)
+                return VariableTorchRunner(bundle, contract, (cell.height, cell.width), device=device, threads=threads)
 
             return make, f"{source.get('kind', 'source')}:{source.get('name', '?')} (torch eager, masked forward)"
         # The fast path (uint8 upload, normalisation on the device, CUDA graphs / torch.compile): the

@@ -120,10 +120,8 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
         fills = list(parse_fills(config.fills if config.fills is not None else DEFAULT_FILLS))
     elif config.fills is not None:
         raise UserError("--fill applies to variable-size bundles (export --variable-size --canvas HxW); this graph takes one input size")
+    # a variable-size bundle's cells are canvases (other canvases: the same two-input graph re-exported)
     resolutions = config.resolutions or [contract.size if mixes else tuple(spec.image_size)]
-    if mixes and any(tuple(r) != contract.size for r in resolutions):
-        raise UserError(f"a variable-size bundle computes its {contract.size[0]}x{contract.size[1]} canvas whatever the images fill "
-                        "(the canvas is fixed at export); profile fill ratios with --fill instead of --resolutions")
     for h, w in resolutions:
         spec.grid(h, w)  # one clear line naming the nearest valid sizes
     batches = sorted(dict.fromkeys(config.batches))

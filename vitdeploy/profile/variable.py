@@ -77,7 +77,7 @@ class VariableTorchRunner(Runner):
     PyTorch baseline of a variable-size cell (the per-image reference that `check` compares with is
     exporters/torch_runner.py's)."""
 
-    def __init__(self, bundle: Any, contract: Any, device: str = "cpu", threads: int | None = None):
+    def __init__(self, bundle: Any, contract: Any, canvas: Sequence[int] | None = None, device: str = "cpu", threads: int | None = None):
         import torch
 
         from vitdeploy.exporters.api import loaded_for_bundle
@@ -90,12 +90,13 @@ class VariableTorchRunner(Runner):
         self.torch = torch
         self.device = torch.device(device)
         self.contract = contract
-        self.module = VariableSizeGraph(loaded, bundle.preprocessing, contract.size, position_rule(bundle)).eval().to(self.device)
+        self.canvas = (int(canvas[0]), int(canvas[1])) if canvas is not None else contract.size  # a cell's canvas (a variant's)
+        self.module = VariableSizeGraph(loaded, bundle.preprocessing, self.canvas, position_rule(bundle)).eval().to(self.device)
         self.info = RunnerInfo("torch", "fp32", str(self.device), {"torch_mode": "eager", "threads": threads or torch.get_num_threads(),
                                                                   "torch": torch.__version__})
 
     def inputs(self) -> list[TensorInfo]:
-        h, w = self.contract.size
+        h, w = self.canvas
         return [TensorInfo(self.contract.image_input, "uint8", ("batch", h, w, 3)), TensorInfo(VALID_INPUT, "int32", ("batch", 2))]
 
     def outputs(self) -> list[str]:
