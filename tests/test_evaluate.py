@@ -176,6 +176,7 @@ def test_engines_are_skipped_with_the_reason_without_tensorrt(digits_bundle, tmp
     import shutil
 
     from vitdeploy.bundle import Bundle
+    from vitdeploy.contract import InputContract
     from vitdeploy.evaluate.runners import engine_scorers
     from vitdeploy.lazy import available
 
@@ -189,7 +190,7 @@ def test_engines_are_skipped_with_the_reason_without_tensorrt(digits_bundle, tmp
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["engines"] = {"sm90-int8": {"dir": "engines/sm90-int8", "precision": "int8"}}
     (root / "manifest.json").write_text(json.dumps(manifest))
-    scorers, skipped = engine_scorers(Bundle.open(root), 64, (32, 32))
+    scorers, skipped = engine_scorers(Bundle.open(root), InputContract.from_bundle(Bundle.open(root)), 64)
     assert scorers == []
     assert skipped == [{"id": "tensorrt sm90-int8", "kind": "engine", "precision": "int8", "engine": "engines/sm90-int8",
                         "skipped": "TensorRT is not installed on this machine (engines are evaluated on their target GPU)"}]

@@ -69,8 +69,8 @@ class ScriptedRunner(Runner):
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         return {"logits": np.zeros((batch.shape[0], 2), np.float32)}
 
-    def infer(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        out = self._run(batch)
+    def run(self, feeds, outputs=None) -> dict[str, np.ndarray]:
+        out = self._run(feeds["images"])
         self.last_latency_s = self.latencies[self.calls % len(self.latencies)]
         self.calls += 1
         return out

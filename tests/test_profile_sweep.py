@@ -222,7 +222,8 @@ def test_tensorrt_cells_pick_the_engine_whose_profile_holds_them(tiny_bundle: Pa
     import shutil
 
     from vitdeploy.fileio import atomic_write_json
-    from vitdeploy.profile.sweep import Cell, _SkipCell, tensorrt_engine_for
+    from vitdeploy.profile.cells import tensorrt_engine_for
+    from vitdeploy.profile.plan import Cell, SkipCell
 
     root = tmp_path / "with-engines"
     shutil.copytree(tiny_bundle, root)
@@ -235,20 +236,25 @@ def test_tensorrt_cells_pick_the_engine_whose_profile_holds_them(tiny_bundle: Pa
     bundle = Bundle.open(root)
     assert tensorrt_engine_for(bundle, Cell("tensorrt", "fp16", 32, 32, 8)).target == "large"  # first in name order that fits
     assert tensorrt_engine_for(bundle, Cell("tensorrt", "fp16", 64, 48, 1)).target == "large"
-    with pytest.raises(_SkipCell, match="batch 16 at 32x32"):
+    with pytest.raises(SkipCell, match="batch 16 at 32x32"):
         tensorrt_engine_for(bundle, Cell("tensorrt", "fp16", 32, 32, 16))
-    with pytest.raises(_SkipCell, match=r"no int8 engine .*engines: none.*vitdeploy build-engine"):
+    with pytest.raises(SkipCell, match=r"no int8 engine .*engines: none.*vitdeploy build-engine"):
         tensorrt_engine_for(bundle, Cell("tensorrt", "int8", 32, 32, 1))
 
 
-def test_synthetic_batch_follows_the_graph_input():
-    from vitdeploy.profile.sweep import synthetic_batch
-    from vitdeploy.runtime.base import TensorInfo
+def test_synthetic_batch_follows_the_graph_input(tiny_bundle: Path):
+    """A cell's feeds are built by the bundle's input contract in the loaded graph's own input type."""
+    from dataclasses import replace
 
-    pixels = synthetic_batch(TensorInfo("images", "uint8", ("batch", "h", "w", 3)), {"input": "uint8-nhwc"}, 2, 48, 32, seed=0)
+    from vitdeploy.contract import InputContract
+
+    contract = InputContract.from_bundle(Bundle.open(tiny_bundle))
+    pixels = contract.random_feeds(2, 48, 32, seed=0, dtype="uint8")["images"]
     assert pixels.dtype == np.uint8 and pixels.shape == (2, 48, 32, 3) and pixels.max() > 200
-    raw = synthetic_batch(TensorInfo("x", "float32", ("batch", 3, "h", "w")), {"input": "float-nchw"}, 1, 32, 32, seed=0)
+    raw_contract = replace(contract, preprocessing={**contract.preprocessing, "input": "float-nchw"})
+    raw = raw_contract.random_feeds(1, 32, 32, seed=0, dtype="float32")["images"]
     assert raw.dtype == np.float32 and raw.shape == (1, 3, 32, 32)
+    assert contract.random_feeds(1, 32, 32, seed=0, dtype="float16")["images"].dtype == np.float16  # an fp16 graph's float input
 
 
 @pytest.mark.gpu

@@ -15,6 +15,7 @@ from PIL import Image
 from synthetic_bundle import LABELS, expected_probs, fake_engine, half_red, make_bundle
 from vitdeploy.errors import DeviceError, UserError
 from vitdeploy.runtime import classifier as clf_mod
+from vitdeploy.runtime import select
 from vitdeploy.runtime.classifier import Classifier, Top, top_k_of
 from vitdeploy.runtime.ort import OrtRunner
 
@@ -144,13 +145,16 @@ class RecordingRunner:
         self.batches, self.active, self.max_active, self.delay = [], 0, 0, delay
         self._count = threading.Lock()
 
-    def infer(self, batch):
+    def input_names(self):
+        return self.ort.input_names()
+
+    def run(self, feeds, outputs=None):
         with self._count:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
         time.sleep(self.delay)
-        self.batches.append(batch.shape[0])
-        out = self.ort.infer(batch)
+        self.batches.append(len(feeds["images"]))
+        out = self.ort.run(feeds, outputs)
         with self._count:
             self.active -= 1
         return out
@@ -176,7 +180,7 @@ def test_engine_selection_by_fingerprint(tmp_path, monkeypatch):
         made.append(entry.target)
         return RecordingRunner(bundle.artifact_path("fp32"))
 
-    monkeypatch.setattr(clf_mod, "_tensorrt_runner", runner)
+    monkeypatch.setattr(select, "open_engine", runner)
     clf = Classifier.load(bundle)
     # fp16 would be "best" but was built for sm 8.7; the H200 fp32 engine fits
     assert made == ["h200-trt10.3.0-fp32"]

@@ -113,11 +113,11 @@ class FakeContext:
         return True
 
 
-def make_runner(fixed_inputs=None) -> TensorRTRunner:
+def make_runner() -> TensorRTRunner:
     """The runner as __init__ leaves it after deserialising, with stand-ins for the GPU pieces."""
     runner = TensorRTRunner.__new__(TensorRTRunner)
     runner.engine_dir = Path("engines/stand-in")
-    runner.fixed_inputs = {k: np.ascontiguousarray(v) for k, v in (fixed_inputs or {}).items()}
+    runner.info = SimpleNamespace(backend="tensorrt")
     runner.engine, runner.context, runner._rt = FakeEngine(), FakeContext(), HostCudart()
     runner._buffers, runner._stream, runner._start, runner._end = {}, 7, object(), object()
     runner._bind_io(FAKE_TRT)
@@ -135,23 +135,25 @@ def test_both_inputs_are_fed_and_the_profile_holds_every_input():
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
     valid = [[8, 4], [4, 8], [8, 8]]  # Python ints: converted exactly to the engine's int32
-    out = runner.run_feeds({"images": images, "valid_hw": valid})
+    out = runner.run({"images": images, "valid_hw": valid})
     np.testing.assert_array_equal(out["score"], expected_score(images, np.array(valid)))
     assert runner.context.profiles == [1]  # batch 3 is in the second profile only
-    two = runner.run_feeds({"images": images[:2], "valid_hw": np.array(valid[:2], dtype=np.int64)}, outputs=("score",))
+    two = runner.run({"images": images[:2], "valid_hw": np.array(valid[:2], dtype=np.int64)}, outputs=("score",))
     np.testing.assert_array_equal(two["score"], expected_score(images[:2], np.array(valid[:2])))
     assert runner.context.profiles == [1, 0]
     assert runner.last_device_time_s == pytest.approx(0.25e-3)
 
 
-def test_infer_feeds_the_fixed_inputs_and_says_what_is_missing():
+def test_both_inputs_go_by_name_and_a_missing_or_unknown_one_is_named():
+    """One way to feed two inputs (run by name, as profile's cells now do instead of fixed_inputs);
+    the one-input convenience says what is missing, an input the engine lacks is named."""
     images = np.full((4, 8, 8, 3), 2, dtype=np.uint8)
     valid = np.array([[8, 8], [8, 4], [4, 4], [4, 8]], dtype=np.int32)
-    np.testing.assert_array_equal(make_runner({"valid_hw": valid}).infer(images)["score"], expected_score(images, valid))
-    with pytest.raises(UserError, match=r"takes \(images, valid_hw\); feed valid_hw with run_feeds"):
+    np.testing.assert_array_equal(make_runner().run({"images": images, "valid_hw": valid})["score"], expected_score(images, valid))
+    with pytest.raises(UserError, match=r"takes inputs \(images, valid_hw\); feed them by name with run"):
         make_runner().infer(images)
-    with pytest.raises(UserError, match="has no input mask to hold fixed"):
-        make_runner({"mask": valid})
+    with pytest.raises(UserError, match=r"takes inputs \(images, valid_hw\), got \(images, mask\)"):
+        make_runner().run({"images": images, "mask": valid})
 
 
 @pytest.mark.parametrize("feeds, message", [
@@ -164,7 +166,7 @@ def test_infer_feeds_the_fixed_inputs_and_says_what_is_missing():
 ])
 def test_bad_feeds_are_refused_in_one_line(feeds, message):
     with pytest.raises(UserError, match=message):
-        make_runner().run_feeds(feeds)
+        make_runner().run(feeds)
 
 
 class OrtAsEngine:
@@ -180,10 +182,18 @@ class OrtAsEngine:
     def inputs(self):
         return [TensorInfo("images", "uint8", (None, 48, 48, 3)), TensorInfo("valid_hw", "int32", (None, 2))]
 
-    def run_feeds(self, feeds, outputs=None):
+    def input_names(self):
+        return [i.name for i in self.inputs()]
+
+    def run(self, feeds, outputs=None):
         assert feeds["valid_hw"].dtype == np.int32 and len(feeds["valid_hw"]) == len(feeds["images"])
         self.batches.append(len(feeds["images"]))
-        return self.ort.run_feeds(feeds, outputs)
+        return self.ort.run(feeds, outputs)
+
+    def run_batched(self, feeds, batch, outputs=None, min_rows=1):
+        from vitdeploy.runtime.base import Runner
+
+        return Runner.run_batched(self, feeds, batch, outputs, min_rows)
 
     def close(self):
         pass
@@ -206,7 +216,7 @@ def variable_engine_bundle(export_cached, tmp_path):
 @pytest.mark.slow
 def test_the_variable_size_classifier_runs_a_two_input_engine(variable_engine_bundle, monkeypatch):
     from vitdeploy.engine import fingerprint, versions
-    from vitdeploy.runtime import classifier as clf_mod
+    from vitdeploy.runtime import select
     from vitdeploy.runtime.classifier import Classifier
 
     bundle = variable_engine_bundle
@@ -214,7 +224,7 @@ def test_the_variable_size_classifier_runs_a_two_input_engine(variable_engine_bu
     monkeypatch.setattr(versions, "installed_version", lambda: versions.TrtVersion.parse("10.3.0"))
     monkeypatch.setattr(fingerprint, "query_device", lambda index=0: fingerprint.DeviceInfo("NVIDIA H200", "9.0"))
     made = []
-    monkeypatch.setattr(clf_mod, "_tensorrt_runner", lambda entry: made.append(entry.target) or OrtAsEngine(bundle.artifact_path("fp32")))
+    monkeypatch.setattr(select, "open_engine", lambda entry: made.append(entry.target) or OrtAsEngine(bundle.artifact_path("fp32")))
 
     clf = Classifier.load(bundle)  # tensorrt first, as for fixed-size bundles
     assert made == ["h200-trt10.3.0-fp32"] and clf.backend == "tensorrt"
@@ -238,22 +248,62 @@ def test_the_variable_size_classifier_runs_a_two_input_engine(variable_engine_bu
 
 
 def test_profile_times_variable_cells_on_the_engine_with_their_valid_hw(variable_engine_bundle, monkeypatch):
-    from vitdeploy.profile import sweep
+    from vitdeploy.contract import InputContract
+    from vitdeploy.profile import cells, plan, sweep
     from vitdeploy.runtime import tensorrt
 
     made = {}
 
-    def runner(engine_dir, fixed_inputs=None):
-        made.update(engine_dir=Path(engine_dir), fixed=fixed_inputs)
+    def runner(engine_dir):
+        made.update(engine_dir=Path(engine_dir))
         return "runner"
 
     monkeypatch.setattr(tensorrt, "TensorRTRunner", runner)
-    monkeypatch.setattr(sweep, "cuda_visible", lambda: True)  # the GPU this sweep would run on
+    monkeypatch.setattr(plan, "cuda_visible", lambda: True)  # the GPU this sweep would run on
     bundle = variable_engine_bundle
     config = sweep.SweepConfig(batches=[4], backends=["tensorrt"], fills=[0.5])
-    cells = sweep.plan_cells(bundle, config)
-    assert [(c.backend, c.batch, c.fill, c.skip_reason) for c in cells] == [("tensorrt", 4, 0.5, None)]
-    make, what = sweep.runner_factory(bundle, cells[0], config, threads=1)
-    assert what == "engines/h200-trt10.3.0-fp32" and make() == "runner"
+    planned = sweep.plan_cells(bundle, config)
+    assert [(c.backend, c.batch, c.fill, c.skip_reason) for c in planned] == [("tensorrt", 4, 0.5, None)]
+    contract = InputContract.from_bundle(bundle)
+    cell = cells.cell_runner(bundle, contract, planned[0], config, threads=1)
+    assert cell.what == "engines/h200-trt10.3.0-fp32" and cell.make() == "runner"
     assert made["engine_dir"] == bundle.root / "engines" / "h200-trt10.3.0-fp32"
-    np.testing.assert_array_equal(made["fixed"]["valid_hw"], sweep.cell_valid_hw(bundle, cells[0], config.seed))
+    # the cell is timed on (images, valid_hw) feeds: the canvas, and the valid sizes drawn for its fill
+    stand_in = SimpleNamespace(inputs=lambda: [TensorInfo("images", "uint8", (None, 48, 48, 3)), TensorInfo("valid_hw", "int32", (None, 2))])
+    feeds = cell.feeds(stand_in)
+    assert feeds["images"].shape == (4, 48, 48, 3) and feeds["images"].dtype == np.uint8
+    np.testing.assert_array_equal(feeds["valid_hw"], plan.cell_valid_hw(contract, planned[0], config.seed))
+
+
+@pytest.mark.slow
+def test_check_scores_a_variable_size_engine_where_it_runs(variable_engine_bundle, monkeypatch):
+    """`check` on a variable-size bundle feeds its engine the same mixed-size sets as its graphs (profile
+    rows 2..8, a chunk under the minimum padded and cut back) and gates it; elsewhere it says why not."""
+    from vitdeploy.checks import CheckOptions, run_check
+    from vitdeploy.engine import fingerprint, versions
+    from vitdeploy.runtime import select
+
+    bundle = variable_engine_bundle
+    monkeypatch.setattr(versions, "import_tensorrt", lambda purpose="": object())
+    monkeypatch.setattr(versions, "installed_version", lambda: versions.TrtVersion.parse("10.3.0"))
+    monkeypatch.setattr(fingerprint, "query_device", lambda index=0: fingerprint.DeviceInfo("NVIDIA H200", "9.0"))
+    engines = []
+    monkeypatch.setattr(select, "open_engine", lambda entry: engines.append(OrtAsEngine(bundle.artifact_path("fp32"))) or engines[-1])
+    options = CheckOptions(random_count=8, limit=57, batch=8, threads=1, write_report=False)
+    report = run_check(bundle.root, options)
+    assert report["kind"] == "variable-size" and report["passed"], report["failures"]
+    engine = next(a for a in report["artifacts"] if a["backend"] == "tensorrt")
+    assert engine["gated"] and engine["passed"] and engine["execution"] == "h200-trt10.3.0-fp32"
+    assert [row["set"] for row in engine["sets"]] == ["numbers", "task"] and engine["edge"]["nonfinite"] == 0
+    gates = {g["name"] for g in engine["gates"]}
+    assert {"logits cosine (1st percentile of rows) on task", "top-1 agreement on task (rows vs alone)", "accuracy drop on task",
+            "non-finite output values (mixed batches and edge valid_hw rows)"} <= gates
+    calls = engines[0].batches
+    assert min(calls) >= 2 and max(calls) <= 8 and sum(1 for c in calls if c == 2) >= 1  # 57 = 7 x 8 + 1: the last padded to 2
+    graph = next(a for a in report["artifacts"] if a["backend"] == "onnxruntime")
+    task = {row["set"]: row for row in engine["sets"]}["task"]
+    assert task["accuracy"] == {row["set"]: row for row in graph["sets"]}["task"]["accuracy"]  # the engine stand-in is the graph
+    # no engine fits this device: skipped with the reason, and the report still passes on the graphs
+    monkeypatch.setattr(fingerprint, "query_device", lambda index=0: fingerprint.DeviceInfo("Orin", "8.7"))
+    skipped = next(a for a in run_check(bundle.root, options)["artifacts"] if a["backend"] == "tensorrt")
+    assert skipped["passed"] is None and "compute capability 9.0" in skipped["skipped"]

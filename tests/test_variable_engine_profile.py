@@ -250,6 +250,19 @@ def test_profile_measures_cells_per_fill_ratio(variable_bundle, tmp_path):
     assert "fill 0.5" in text or "0.50" in text  # the table shows the fill of each cell
 
 
+def test_profile_at_another_canvas_times_the_two_input_variant(variable_bundle, tmp_path):
+    """--resolutions on a variable-size bundle: other canvases, the same two-input graph re-exported
+    (variants/HxW) for ORT and the masked forward built at that canvas for torch."""
+    out = tmp_path / "reports"
+    code, text = _invoke(["profile", variable_bundle, "--resolutions", "32", "--fill", "1.0", "--batch", "2", "--backend", "ort,torch",
+                          "--iterations", "2", "--warmup", "0", "--threads", "1", "--no-plot", "-o", out])
+    assert code == 0, text
+    with open(out / "profile.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["backend"], r["canvas"], r["status"]) for r in rows] == [("ort", "32x32", "ok"), ("torch", "32x32", "ok")], rows
+    assert rows[0]["graph"].startswith("variants/") and float(rows[0]["p50_ms"]) > 0
+
+
 def test_profile_fill_values_are_checked_in_one_line(variable_bundle, tmp_path):
     from engine_fixtures import write_bundle
 

@@ -59,7 +59,8 @@ def bundle_retrieval(bundle: str | Path, precision: str, index: str = "digits:tr
     fake-quant in float: what TensorRT computes), as `check` scores both.
     """
     from .bundle import Bundle
-    from .runtime.ort import OrtRunner
+    from .contract import InputContract
+    from .runtime.select import onnxruntime_runner
 
     b = Bundle.open(bundle)
     if "embedding" not in (b.manifest.get("graph", {}).get("outputs") or []):
@@ -68,11 +69,11 @@ def bundle_retrieval(bundle: str | Path, precision: str, index: str = "digits:tr
     q_images, q_labels = labelled_split(queries)
     if b.preprocessing.get("channel_order") == "bgr":  # the digits splits are RGB
         idx_images, q_images = idx_images[..., ::-1].copy(), q_images[..., ::-1].copy()
-    runner = OrtRunner(b.artifact_path(precision), precision=precision, optimization=optimization, threads=threads,
-                       providers=["CPUExecutionProvider"])
+    contract = InputContract.from_bundle(b)  # the digits images brought to what the graph takes (its size, or its canvas)
+    runner = onnxruntime_runner(b, contract, precision, ["CPUExecutionProvider"], threads, optimization, graph=b.artifact_path(precision)).runner
     try:
-        idx_emb = runner.infer_batched(idx_images, batch, outputs=("embedding",))["embedding"]
-        q_emb = runner.infer_batched(q_images, batch, outputs=("embedding",))["embedding"]
+        idx_emb = runner.run_batched(contract.feeds_for(idx_images), batch, outputs=("embedding",))["embedding"]
+        q_emb = runner.run_batched(contract.feeds_for(q_images), batch, outputs=("embedding",))["embedding"]
     finally:
         runner.close()
     return {"precision": precision, "optimization": optimization, "index": index, "queries": queries,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .bundle import Bundle
+from .contract import InputContract
 from .errors import ConfigError, UserError
 from .fileio import atomic_write_json, atomic_write_text, staged_directory
 
@@ -69,7 +70,7 @@ def write_triton_repo(bundle: str | Path | Bundle, out: str | Path, options: Tri
     else:
         artifact, tensors, provenance = _onnx_artifact(bundle, opts)
     inputs, outputs = tensors
-    config = render_config(name, opts, inputs, outputs, bundle.spec.num_classes, provenance)
+    config = render_config(name, opts, inputs, outputs, bundle.spec.num_classes, provenance, InputContract.from_bundle(bundle))
     labels = bundle.labels or [str(k) for k in range(bundle.spec.num_classes)]
     classifies = any(t.name == CLASS_OUTPUT for t in outputs)
     if classifies and len(labels) != bundle.spec.num_classes:
@@ -185,7 +186,7 @@ def _onnx_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path], tup
 
 
 def _tensorrt_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path], tuple[list[_Tensor], list[_Tensor]], dict[str, Any]]:
-    from .runtime.classifier import find_engines
+    from .runtime.engines import find_engines
 
     engines = find_engines(bundle)
     if not engines:
@@ -221,7 +222,9 @@ def _tensorrt_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path],
     axes = ("N", "C", "H", "W") if nchw else ("N", "H", "W", "C")
     ranges = {"N": batch, "H": height, "W": width}
     dims = tuple(3 if a == "C" else (ranges[a][0] if ranges[a][0] == ranges[a][2] else None) for a in axes)
-    inputs = [_Tensor(image.name, image.dtype, dims)]
+    # the per-image inputs beside the pixels (a variable-size engine's valid_hw [B, 2]) share the batch range
+    batch_dim = batch[0] if batch[0] == batch[2] else None
+    inputs = [_Tensor(image.name, image.dtype, dims)] + [_Tensor(t.name, t.dtype, (batch_dim, *t.shape[1:])) for t in inputs[1:]]
     if batch[0] > 1:
         raise UserError(f"engine {engine.target} needs batches of at least {batch[0]}; Triton sends single requests — rebuild with --batch 1:8:{batch[2]}")
     if opts.max_batch > batch[2]:
@@ -251,11 +254,15 @@ def render_config(
     outputs: list[_Tensor],
     num_classes: int,
     provenance: dict[str, Any],
+    contract: InputContract | None = None,
 ) -> str:
-    """The ModelConfig in protobuf text format."""
-    variable = [t.name for t in inputs] == ["images", "valid_hw"]  # a --variable-size graph: canvas + valid sizes
-    if len(inputs) != 1 and not variable:
-        raise UserError(f"the graph has {len(inputs)} inputs; a vitdeploy graph has one image input (or images + valid_hw)")
+    """The ModelConfig in protobuf text format; the inputs must be the input contract's (default: one
+    image input)."""
+    expected = list(contract.input_names) if contract is not None else [inputs[0].name if inputs else "images"]
+    if [t.name for t in inputs] != expected:
+        raise UserError(f"the graph takes inputs ({', '.join(t.name for t in inputs)}); the bundle's manifest describes "
+                        f"({', '.join(expected)}): re-export it with vitdeploy")
+    variable = contract is not None and contract.mixes_sizes  # a --variable-size graph: canvas + valid sizes
     batched = opts.max_batch > 0
     for tensor in inputs + outputs:
         if tensor.dtype not in _TYPES:

@@ -133,18 +133,19 @@ def check_patch_grid(graph_x: np.ndarray, conv_out: np.ndarray, weight: np.ndarr
     return result
 
 
-def protocol_evidence(bundle: Bundle, images: np.ndarray, source_pre: dict[str, Any] | None,
+def protocol_evidence(bundle: Bundle, contract: Any, feeds: dict[str, np.ndarray], source_pre: dict[str, Any] | None,
                       source_labels: list[str] | None) -> dict[str, Any]:
-    """All protocol checks on the fp32 graph for one batch of uint8 images."""
+    """All protocol checks on the fp32 graph for one batch of named feeds (the input contract's)."""
     path = bundle.artifact_path("fp32")
+    images = feeds[contract.image_input]
     tensors = bundle.manifest.get("graph", {}).get("patch_embed") or {}
     report: dict[str, Any] = {}
     expected_pre = dict(source_pre or bundle.preprocessing)
     expected_pre["channel_order"] = bundle.preprocessing.get("channel_order", "rgb")
     expected_pre["source"] = "re-loaded source config" if source_pre else "manifest (source not re-loadable)"
-    if tensors and bundle.preprocessing.get("input") == "uint8-nhwc" and not bundle.preprocessing.get("in_graph_resize"):
+    if tensors and bundle.preprocessing.get("input") == "uint8-nhwc" and contract.in_graph_resize is None and len(feeds) == 1:
         runner, present = tapped_runner(path, [tensors["input"], tensors["output"]])
-        out = runner.infer(images)
+        out = runner.run(feeds)
         if tensors["input"] in present:
             pre = diagnose_preprocessing(out[tensors["input"]], images, expected_pre)
             pre["config_source"] = expected_pre["source"]
@@ -157,9 +158,10 @@ def protocol_evidence(bundle: Bundle, images: np.ndarray, source_pre: dict[str, 
     else:
         from ..runtime.ort import OrtRunner
 
-        first = OrtRunner(path).infer(images[:1])
+        first = OrtRunner(path).run({name: value[:1] for name, value in feeds.items()})
         num_outputs = first["logits"].shape[-1] if "logits" in first else bundle.spec.num_classes
-        report["preprocessing"] = {"passed": None, "diagnosis": "not applicable (float input or in-graph resize)"}
+        why = "the graph records no patch-embedding tensors" if not tensors else "float input or in-graph resize"
+        report["preprocessing"] = {"passed": None, "diagnosis": f"not applicable ({why})"}
     report["labels"] = check_labels(bundle, source_labels, num_outputs)
     report["passed"] = all(v.get("passed") is not False for v in report.values() if isinstance(v, dict))
     return report

@@ -11,11 +11,8 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = get_console()
-    if report.get("kind") == "variable-size":
-        from .variable import print_variable_report
-
-        print_variable_report(report, lambda line: console.print(line, markup=False, highlight=False))
-        return
+    for line in _canvas_lines(report):
+        console.print(line, markup=False, highlight=False)
     table = Table(title=f"vitdeploy check: {report['bundle']}")
     for col in ("graph", "execution", "inputs", "output", "max |d|", "max rel", "worst cos", "cos p1", "top-1 agr", "top-5 agr", "accuracy", "drop", "verdict"):
         table.add_column(col, justify="right" if col not in ("graph", "execution", "inputs", "output", "verdict") else "left")
@@ -28,8 +25,9 @@ def print_report(report: dict[str, Any]) -> None:
         verdict = "pass" if art["passed"] else ("FAIL" if art["gated"] else "reported (not gated)")
         first = True
         for row in art["sets"]:
-            # logits, then the feature outputs the graph declares (embedding, patch_grid)
-            for j, name in enumerate(n for n in ("logits", "embedding", "patch_grid") if n in row):
+            # logits, then the feature outputs the graph declares (embedding, patch_grid); probs where they are gated (canvas rows)
+            shown = ("logits", "probs") if "what" in row else ("logits", "embedding", "patch_grid")
+            for j, name in enumerate(n for n in shown if n in row):
                 s = row[name]
                 table.add_row(
                     art["precision"] if first else "", art["execution"] if first else "", row["set"] if j == 0 else "", name,
@@ -40,6 +38,10 @@ def print_report(report: dict[str, Any]) -> None:
                 )
                 first = False
     console.print(table)
+    for art in report["artifacts"]:
+        if art.get("edge"):
+            console.print(f"edge valid_hw rows ({art['precision']} / {art['execution']}): {art['edge']['rows']} rows, "
+                          f"{art['edge']['nonfinite']} non-finite output values", markup=False, highlight=False)
     proto = report["protocol"]
     pre = proto.get("preprocessing", {})
     console.print(f"protocol - preprocessing: {'ok' if pre.get('passed') else ('n/a' if pre.get('passed') is None else 'FAIL')}: "
@@ -65,3 +67,18 @@ def print_report(report: dict[str, Any]) -> None:
         console.print("[bold red]FAIL[/]:")
         for failure in report["failures"]:
             console.print(f"  - {failure}")
+
+
+def _canvas_lines(report: dict[str, Any]) -> list[str]:
+    """What a variable-size report says before its table: the canvas, the rule, what the sets hold."""
+    if report.get("kind") != "variable-size":
+        return []
+    numbers, task = report["numbers"], report["task"]
+    lines = [f"vitdeploy check (variable size, canvas {report['canvas'][0]}x{report['canvas'][1]}): {report['bundle']}",
+             f"  rule: {report['rule']}",
+             f"  numbers: {len(numbers['sizes'])} random images of mixed sizes padded into one batch, each row vs the image alone "
+             "(PyTorch at its own size); edge valid_hw rows: one patch, the full canvas, values the graph clamps"]
+    if task:
+        lines.append(f"  task: {task['data']['count']} images of {task['data']['source']} at {task['distinct_sizes']} sizes "
+                     f"(policy {task['policy']}), PyTorch alone {task['reference_accuracy']:.2%}")
+    return lines

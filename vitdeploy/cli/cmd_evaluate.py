@@ -80,7 +80,7 @@ def command(bundle, images, data, precision, suite, ladder, severities, resoluti
                         "labelled data for the suite goes in --data")
     progress_console = get_console(stderr=True)
     if occlusion_map:
-        from ..evaluate.run import OcclusionOptions, run_occlusion_map
+        from ..evaluate.occlusion_map import OcclusionOptions, run_occlusion_map
 
         options = OcclusionOptions(patch=occlusion_patch, stride=occlusion_stride, fill=occlusion_fill or "border",
                                    precision=(split_csv(precision) or ["fp32"])[0], limit=limit, batch=max(batch, 1), threads=threads,

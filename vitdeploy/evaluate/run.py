@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import __version__
 from ..bundle import Bundle
+from ..contract import InputContract
 from ..data import default_data
 from ..errors import UserError
 from .runners import Scorer, check_precisions, engine_scorers, graph_scorer, reference_scorer
@@ -79,13 +80,13 @@ class EvaluateResult:
     predictions: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # scorer -> condition -> preds
 
 
-def input_size(bundle: Bundle) -> tuple[int, int]:
-    from ..images import model_input_size
-
+def evaluation_contract(bundle: Bundle) -> InputContract:
+    """The bundle's input contract; data is brought to its ``source_size`` (the size fed, or for a canvas
+    the model's native size, each image then fitted into the canvas as `predict` does)."""
     pre = bundle.preprocessing
     if pre.get("input", "uint8-nhwc") != "uint8-nhwc":
         raise UserError(f"this graph takes {pre.get('input')} input; evaluate feeds uint8 NHWC images (export with --input uint8-nhwc)")
-    return model_input_size(pre, bundle.resolution, bundle.spec.patch_size)
+    return InputContract.from_bundle(bundle)
 
 
 def mean_rgb(preprocessing: dict[str, Any]) -> tuple[int, int, int]:
@@ -113,8 +114,9 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
     bundle = Bundle.open(path)
     suite = parse_suite(opts.suite, opts.severities, opts.ladder)  # bad names/severities fail before anything loads
     precisions = check_precisions(bundle, opts.precisions)
-    size = input_size(bundle)
-    resolutions = _check_resolutions(bundle, opts.resolutions, size)
+    contract = evaluation_contract(bundle)
+    size = contract.source_size
+    resolutions = _check_resolutions(bundle, contract, opts.resolutions, size)
     data_spec = opts.data or default_data(bundle)
     if not data_spec:
         raise UserError("no labelled data: pass --data digits:test, a folder DIR/<class>/<image>, or a .npz with images + labels")
@@ -128,12 +130,12 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
 
     t = time.perf_counter()
     threads = opts.threads or scorer_threads(len(precisions) + (1 if opts.reference else 0))
-    scorers = [graph_scorer(bundle, p, bundle.artifact_path(p), threads, opts.batch) for p in precisions]
-    engines, engines_skipped = engine_scorers(bundle, opts.batch, size)
+    scorers = [graph_scorer(bundle, contract, p, bundle.artifact_path(p), threads, opts.batch) for p in precisions]
+    engines, engines_skipped = engine_scorers(bundle, contract, opts.batch)
     scorers += engines
     reference, reference_note = (None, "not requested (--no-reference)")
     if opts.reference:
-        reference, reference_note = reference_scorer(bundle, threads, opts.batch)
+        reference, reference_note = reference_scorer(bundle, contract, threads, opts.batch)
     if reference is not None:
         scorers.append(reference)
     elif opts.reference:
@@ -143,65 +145,23 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
 
     ctx = Context(seed=opts.seed, patch=tuple(bundle.spec.patch_size), mean_rgb=mean_rgb(pre), occlusion_fill=opts.occlusion_fill)
     clean = data.images
-    labels = data.labels
     fractions = foreground_fraction(clean, ctx.background_tol)
     separable = int((~np.isnan(fractions)).sum())
     bins = size_bins(fractions)
     strata = size_strata(fractions, bins)
 
-    conditions = [_Condition(CLEAN, None, None, len(clean), opts.seed)]
-    for transform, levels in suite:
-        for level in levels:
-            cond = _Condition(f"{transform.name}@{level:g}", transform, level, len(clean), opts.seed)
-            if transform.needs_background:
-                cond.applied_to = separable
-                if separable == 0:
-                    cond.note = "skipped: no image has a separable background (see the transform's rule)"
-            conditions.append(cond)
+    conditions = _conditions(suite, len(clean), separable, opts.seed)
     runnable = [c for c in conditions if not c.note.startswith("skipped")]
     prog.begin(len(runnable) * len(scorers) + len(resolutions) * (len(precisions) + (1 if reference is not None else 0)))
 
-    preds: dict[str, dict[str, np.ndarray]] = {s.id: {} for s in scorers}
-    infer_s = {s.id: 0.0 for s in scorers}
-    transform_s = 0.0
+    def make_feeds(cond: _Condition) -> dict[str, np.ndarray]:
+        images = clean if cond.transform is None else cond.transform.apply(clean, cond.severity, ctx)
+        return contract.feeds_for(to_channel_order(images, pre))  # one set of feeds for every scorer
+
     # Scorers run side by side when each is pinned to fewer threads than the machine has (--threads 1
     # on 2 cores: two scorers at once); ONNX Runtime and PyTorch release the GIL while they compute.
     workers = scorer_workers(threads, len(scorers))
-
-    import threading
-
-    # one batch at a time per scorer: a TensorRT context and its buffers serve one call at once
-    busy = {s.id: threading.Lock() for s in scorers}
-
-    def run_one(scorer: Scorer, cond_id: str, batch: np.ndarray) -> None:
-        with busy[scorer.id]:
-            t1 = time.perf_counter()
-            preds[scorer.id][cond_id] = scorer.predict(batch)
-            infer_s[scorer.id] += time.perf_counter() - t1
-
-    from collections import deque
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    def settle(cond_id: str, futures: list[tuple[Scorer, Future]]) -> None:
-        for scorer, future in futures:
-            future.result()  # re-raises a scorer's error here
-            prog.step(f"{cond_id} · {scorer.id}")
-
-    # One condition ahead: the next condition's images are made while the scorers work on this one,
-    # and a worker that finishes early takes the next condition's first task instead of waiting for
-    # the slowest scorer (no barrier per condition); two conditions' images at most are held.
-    in_flight: deque[tuple[str, list[tuple[Scorer, Future]]]] = deque()
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for cond in runnable:
-            t = time.perf_counter()
-            images = clean if cond.transform is None else cond.transform.apply(clean, cond.severity, ctx)
-            batch = to_channel_order(images, pre)
-            transform_s += time.perf_counter() - t
-            in_flight.append((cond.id, [(scorer, pool.submit(run_one, scorer, cond.id, batch)) for scorer in scorers]))
-            if len(in_flight) > 1:
-                settle(*in_flight.popleft())
-        while in_flight:
-            settle(*in_flight.popleft())
+    preds, infer_s, transform_s = _predict(scorers, runnable, make_feeds, workers, prog)
     timing["transforms_s"] = transform_s
     timing["inference_s"] = dict(infer_s)  # per scorer; they overlap when workers > 1
     timing["workers"] = workers
@@ -209,25 +169,12 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
 
     results: dict[str, dict[str, Any]] = {}
     flags: list[str] = []
-    size_names = bins["names"]
     for scorer in scorers:
-        ref_preds = preds[agree_with] if scorer.id != agree_with else None
-        clean_stats = condition_stats(preds[scorer.id][CLEAN], labels, data.classes, strata, size_names, None,
-                                      ref_preds[CLEAN] if ref_preds else None)
-        clean_stats["drop_pt"] = 0.0
-        out = {CLEAN: clean_stats}
-        for cond in runnable[1:]:
-            stats = condition_stats(preds[scorer.id][cond.id], labels, data.classes, strata, size_names, clean_stats,
-                                    ref_preds[cond.id] if ref_preds else None, clean_stats.get("agreement"))
-            if scorer.kind != "reference" and stats.get("agreement_drop_pt", 0.0) > opts.max_drop_pt:
-                stats["flag"] = (f"agreement with {agree_with} falls {stats['agreement_drop_pt']:.1f} pt below clean "
-                                 f"(> {opts.max_drop_pt:g}): this graph diverges under {cond.id}")
-                flags.append(f"{scorer.id}: {stats['flag']}")
-            out[cond.id] = stats
-        results[scorer.id] = out
+        results[scorer.id] = _scorer_results(scorer, runnable, preds, agree_with, data, strata, bins["names"], opts.max_drop_pt, flags)
 
     t = time.perf_counter()
-    resolution = _resolution_sweep(bundle, data_spec, opts, precisions, resolutions, size, results, reference is not None, prog, log)
+    sweep = ResolutionSweep(bundle, contract, data_spec, opts, precisions, size, reference is not None, prog, log)
+    resolution = sweep.run(resolutions, results)
     timing["resolution_s"] = time.perf_counter() - t
     flags.extend(f"{row['runner']} at {row['height']}x{row['width']}: {row['flag']}" for row in resolution.get("rows", []) if row.get("flag"))
 
@@ -239,7 +186,7 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
         "created": started,
         "vitdeploy_version": __version__,
         "bundle": {"path": str(bundle.bare_onnx or bundle.root), "name": bundle.name, "source": bundle.manifest.get("source"),
-                   "resolution": bundle.resolution, "precisions": bundle.precisions(),
+                   "resolution": bundle.resolution, "precisions": bundle.precisions(), "input": contract.describe(),
                    "graphs": {p: bundle.artifact_record(p).get("sha256") for p in precisions}},
         "data": data.record(),
         "options": {**asdict(opts), "resolutions": [list(r) for r in resolutions]},
@@ -269,6 +216,83 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
     return EvaluateResult(report, preds)
 
 
+def _conditions(suite: list[tuple[Transform, Sequence[float]]], count: int, separable: int, seed: int) -> list[_Condition]:
+    """Clean, then every transform at every severity; a background transform on images whose background
+    is not separable is kept as skipped (the report says why)."""
+    conditions = [_Condition(CLEAN, None, None, count, seed)]
+    for transform, levels in suite:
+        for level in levels:
+            cond = _Condition(f"{transform.name}@{level:g}", transform, level, count, seed)
+            if transform.needs_background:
+                cond.applied_to = separable
+                if separable == 0:
+                    cond.note = "skipped: no image has a separable background (see the transform's rule)"
+            conditions.append(cond)
+    return conditions
+
+
+def _predict(scorers: list[Scorer], conditions: list[_Condition], make_feeds: Callable[[_Condition], dict[str, np.ndarray]],
+             workers: int, prog: Progress) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float], float]:
+    """Top-1 predictions of every scorer under every condition: (scorer -> condition -> preds, inference
+    seconds per scorer, seconds spent making the conditions' feeds)."""
+    import threading
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    preds: dict[str, dict[str, np.ndarray]] = {s.id: {} for s in scorers}
+    infer_s = {s.id: 0.0 for s in scorers}
+    transform_s = 0.0
+    # one batch at a time per scorer: a TensorRT context and its buffers serve one call at once
+    busy = {s.id: threading.Lock() for s in scorers}
+
+    def run_one(scorer: Scorer, cond_id: str, feeds: dict[str, np.ndarray]) -> None:
+        with busy[scorer.id]:
+            t1 = time.perf_counter()
+            preds[scorer.id][cond_id] = scorer.predict(feeds)
+            infer_s[scorer.id] += time.perf_counter() - t1
+
+    def settle(cond_id: str, futures: list[tuple[Scorer, Future]]) -> None:
+        for scorer, future in futures:
+            future.result()  # re-raises a scorer's error here
+            prog.step(f"{cond_id} · {scorer.id}")
+
+    # One condition ahead: the next condition's images are made while the scorers work on this one,
+    # and a worker that finishes early takes the next condition's first task instead of waiting for
+    # the slowest scorer (no barrier per condition); two conditions' images at most are held.
+    in_flight: deque[tuple[str, list[tuple[Scorer, Future]]]] = deque()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for cond in conditions:
+            t = time.perf_counter()
+            feeds = make_feeds(cond)
+            transform_s += time.perf_counter() - t
+            in_flight.append((cond.id, [(scorer, pool.submit(run_one, scorer, cond.id, feeds)) for scorer in scorers]))
+            if len(in_flight) > 1:
+                settle(*in_flight.popleft())
+        while in_flight:
+            settle(*in_flight.popleft())
+    return preds, infer_s, transform_s
+
+
+def _scorer_results(scorer: Scorer, conditions: list[_Condition], preds: dict[str, dict[str, np.ndarray]], agree_with: str, data: Any,
+                    strata: np.ndarray, size_names: list[str], max_drop_pt: float, flags: list[str]) -> dict[str, Any]:
+    """One scorer's statistics per condition (against clean, and agreement with ``agree_with``); a graph
+    whose agreement falls more than ``max_drop_pt`` below clean is flagged (appended to ``flags``)."""
+    ref_preds = preds[agree_with] if scorer.id != agree_with else None
+    clean_stats = condition_stats(preds[scorer.id][CLEAN], data.labels, data.classes, strata, size_names, None,
+                                  ref_preds[CLEAN] if ref_preds else None)
+    clean_stats["drop_pt"] = 0.0
+    out = {CLEAN: clean_stats}
+    for cond in conditions[1:]:
+        stats = condition_stats(preds[scorer.id][cond.id], data.labels, data.classes, strata, size_names, clean_stats,
+                                ref_preds[cond.id] if ref_preds else None, clean_stats.get("agreement"))
+        if scorer.kind != "reference" and stats.get("agreement_drop_pt", 0.0) > max_drop_pt:
+            stats["flag"] = (f"agreement with {agree_with} falls {stats['agreement_drop_pt']:.1f} pt below clean "
+                             f"(> {max_drop_pt:g}): this graph diverges under {cond.id}")
+            flags.append(f"{scorer.id}: {stats['flag']}")
+        out[cond.id] = stats
+    return out
+
+
 def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -294,19 +318,21 @@ def fill_rgb(fill: str, ctx: Context) -> tuple[int, ...]:
     return {"mean": ctx.mean_rgb, "gray": (128, 128, 128), "black": (0, 0, 0), "white": (255, 255, 255)}.get(fill, ())
 
 
-def _check_resolutions(bundle: Bundle, resolutions: Sequence[tuple[int, int]] | None, native: tuple[int, int]) -> list[tuple[int, int]]:
+def _check_resolutions(bundle: Bundle, contract: InputContract, resolutions: Sequence[tuple[int, int]] | None,
+                       native: tuple[int, int]) -> list[tuple[int, int]]:
     if not resolutions:
         return []
     out: list[tuple[int, int]] = []
     for h, w in resolutions:
         bundle.spec.grid(int(h), int(w))  # one line naming the nearest sizes the patch tiles
+        if contract.mixes_sizes:
+            contract.check_size(int(h), int(w))  # a canvas holds the size as it is (whole patches within it)
         if (h, w) not in out:
             out.append((int(h), int(w)))
-    pre = bundle.preprocessing
-    if pre.get("in_graph_resize"):
+    if contract.in_graph_resize is not None:
         raise UserError("this bundle resizes every input to its model resolution inside the graph, so its accuracy does not "
                         "depend on the input size; export with --dynamic-resolution to compare resolutions")
-    if bundle.resolution.get("mode") != "dynamic" and any(r != native for r in out):
+    if any(not contract.accepts(*r) for r in out):
         from ..lazy import available
 
         if not available("vitdeploy.exporters.variants"):
@@ -315,163 +341,72 @@ def _check_resolutions(bundle: Bundle, resolutions: Sequence[tuple[int, int]] | 
     return out
 
 
-def _resolution_sweep(bundle: Bundle, data_spec: str, opts: EvaluateOptions, precisions: list[str],
-                      resolutions: list[tuple[int, int]], native: tuple[int, int], results: dict[str, Any],
-                      with_reference: bool, prog: Progress, log: Callable[[str], None]) -> dict[str, Any]:
-    """Clean accuracy at each size, against the native size's, for every graph and the reference."""
-    if not resolutions:
-        return {}
-    from ..data import open_labelled
-    from ..images import to_channel_order
+@dataclass
+class ResolutionSweep:
+    """Clean accuracy at other sizes, against the native size's, for every graph and the reference."""
 
-    pre = bundle.preprocessing
-    res = bundle.resolution
-    interp = res.get("pos_embed_interpolation", {})
-    rule = (f"images: the source images brought to each size by the manifest's host-resize rule "
-            f"({(pre.get('host_resize') or {}).get('mode', 'stretch')}, {(pre.get('host_resize') or {}).get('interpolation', 'bilinear')}, Pillow); "
-            f"position table: {interp.get('description') or interp or 'the bundle convention'}, "
-            + ("resampled inside the dynamic graph" if res.get("mode") == "dynamic" else
-               "re-exported offline as static variants (cached under variants/HxW)"))
-    rows = []
-    for h, w in resolutions:
-        data = open_labelled(data_spec, (h, w), pre, bundle.labels or None, opts.limit, opts.skip_unreadable)
-        batch = to_channel_order(data.images, pre)
+    bundle: Bundle
+    contract: InputContract
+    data_spec: str
+    opts: EvaluateOptions
+    precisions: list[str]
+    native: tuple[int, int]
+    with_reference: bool
+    prog: Progress
+    log: Callable[[str], None]
+
+    def rule(self) -> str:
+        pre, res = self.bundle.preprocessing, self.bundle.resolution
+        interp = res.get("pos_embed_interpolation", {})
+        placed = ("placed as they are in the canvas (valid_hw = the size)" if self.contract.mixes_sizes else
+                  "resampled inside the dynamic graph" if res.get("mode") == "dynamic" else
+                  "re-exported offline as static variants (cached under variants/HxW)")
+        return (f"images: the source images brought to each size by the manifest's host-resize rule "
+                f"({(pre.get('host_resize') or {}).get('mode', 'stretch')}, {(pre.get('host_resize') or {}).get('interpolation', 'bilinear')}, Pillow); "
+                f"position table: {interp.get('description') or interp or 'the bundle convention'}, {placed}")
+
+    def scorers_at(self, h: int, w: int) -> tuple[InputContract, list[Scorer]]:
+        sized = self.contract.at_size(h, w)
         scorers: list[Scorer] = []
-        for p in precisions:
-            if res.get("mode") == "dynamic" or (h, w) == native:
-                path = bundle.artifact_path(p)
+        for p in self.precisions:
+            if self.contract.accepts(h, w):  # the bundle's own graph takes the size (dynamic, canvas, the native size)
+                path = self.bundle.artifact_path(p)
             else:
                 from vitdeploy.exporters.variants import graph_for
 
-                path = Path(graph_for(bundle, p, h, w, log=log))
-            scorers.append(graph_scorer(bundle, p, path, opts.threads, opts.batch))
-        if with_reference:
-            ref, _note = reference_scorer(bundle, opts.threads, opts.batch, resolution=(h, w))
+                path = Path(graph_for(self.bundle, p, h, w, log=self.log))
+            scorers.append(graph_scorer(self.bundle, sized, p, path, self.opts.threads, self.opts.batch))
+        if self.with_reference:
+            ref, _note = reference_scorer(self.bundle, sized, self.opts.threads, self.opts.batch, resolution=(h, w))
             if ref is not None:
                 scorers.append(ref)
-        for scorer in scorers:
-            pred = scorer.predict(batch)
-            hit = pred == data.labels
-            native_acc = results.get(scorer.id, {}).get(CLEAN, {}).get("accuracy")
-            from .score import accuracy_entry
+        return sized, scorers
 
-            entry = accuracy_entry(int(hit.sum()), len(hit))
-            row = {"runner": scorer.id, "precision": scorer.precision, "height": h, "width": w,
-                   "graph": scorer.details.get("graph") or scorer.details.get("model"), **entry}
-            if native_acc is not None:
-                row["drop_pt"] = (native_acc - entry["accuracy"]) * 100.0
-                if row["drop_pt"] > opts.max_drop_pt:
-                    row["flag"] = f"accuracy {row['drop_pt']:.1f} pt below the native {native[0]}x{native[1]} (> {opts.max_drop_pt:g})"
-            rows.append(row)
-            scorer.runner.close()
-            prog.step(f"{h}x{w} · {scorer.id}")
-    return {"native": list(native), "rule": rule, "threshold_pt": opts.max_drop_pt, "rows": rows}
+    def run(self, resolutions: list[tuple[int, int]], results: dict[str, Any]) -> dict[str, Any]:
+        if not resolutions:
+            return {}
+        from ..data import open_labelled
+        from ..images import to_channel_order
+        from .score import accuracy_entry
 
-
-# -- occlusion maps ------------------------------------------------------------------------------
-@dataclass
-class OcclusionOptions:
-    patch: int | None = None  # default: two model patches
-    stride: int | None = None  # default: one model patch
-    fill: str = "border"  # erase to the background estimate (the image's border median colour)
-    precision: str = "fp32"
-    limit: int | None = None
-    batch: int = 256
-    threads: int | None = None
-    overlays: int = 32  # images drawn in the PNG
-    skip_unreadable: bool = False
-
-
-def run_occlusion_map(path: str | Path, inputs: Sequence[str], out_dir: str | Path | None = None,
-                      options: OcclusionOptions | None = None, progress: Progress | None = None) -> dict[str, Any]:
-    """Occlusion sensitivity maps from the deployed graph for image files or one labelled source.
-
-    Writes ``occlusion.npy`` (maps [N, H, W] float32), ``occlusion_targets.npy``, ``occlusion.png``
-    (overlays) and ``occlusion.json`` (the rule, what was compared, per-image clean target
-    probability and mean sensitivity on foreground vs background where separable)."""
-    from ..data import open_labelled
-    from ..fileio import atomic_path, atomic_write_json
-    from ..images import load_images, to_channel_order
-    from .occlusion import occlusion_maps, occlusion_rule, write_overlays
-    from .transforms import background_mask
-
-    opts = options or OcclusionOptions()
-    prog = progress or Progress()
-    bundle = Bundle.open(path)
-    if opts.fill not in OCCLUSION_FILLS:
-        raise UserError(f"unknown occlusion fill {opts.fill!r}; use {', '.join(OCCLUSION_FILLS)}")
-    precision = check_precisions(bundle, [opts.precision])[0]
-    size = input_size(bundle)
-    pre = bundle.preprocessing
-    ph = int(bundle.spec.patch_size[0])
-    patch = int(opts.patch or 2 * ph)
-    stride = int(opts.stride or ph)
-    if not inputs:
-        raise UserError("no images for the occlusion map: give image files or one data source (digits:test, DIR, .npz)")
-    files: list[str] | None = None
-    single = inputs[0] if len(inputs) == 1 else None
-    if single is not None and (single.startswith("digits:") or Path(single).is_dir() or Path(single).suffix.lower() == ".npz"):
-        data = open_labelled(single, size, pre, bundle.labels or None, opts.limit, opts.skip_unreadable)
-        images, targets, source = data.images, data.labels, data.source
-        names = [f"#{i} label {bundle.labels[t] if bundle.labels else t}" for i, t in enumerate(targets)]
-        files = data.files
-    else:
-        rgb = load_images(list(inputs), {**pre, "channel_order": "rgb"}, size)
-        images, targets, source = rgb, None, "files"
-        files = [str(p) for p in inputs]
-        names = [Path(p).name[:18] for p in inputs]
-    ctx = Context(patch=tuple(bundle.spec.patch_size), mean_rgb=mean_rgb(pre), occlusion_fill=opts.fill)
-    scorer = graph_scorer(bundle, precision, bundle.artifact_path(precision), opts.threads, opts.batch)
-    prog.begin(len(images))
-    result = occlusion_maps(scorer.probs, images, targets, patch, stride, ctx, to_graph=lambda x: to_channel_order(x, pre),
-                            on_image=lambda k: [prog.step("occlusion map") for _ in range(k)])
-    scorer.runner.close()
-    maps = result["maps"]
-    mask, separable = background_mask(images)
-    per_image = []
-    for i in range(len(images)):
-        entry: dict[str, Any] = {"index": i, "name": names[i] if files is None else files[i], "target": int(result["targets"][i]),
-                                 "clean_prob": float(result["clean_prob"][i]), "mean_sensitivity": float(maps[i].mean())}
-        if separable[i] and (~mask[i]).any() and mask[i].any():
-            entry["foreground_mean"] = float(maps[i][~mask[i]].mean())
-            entry["background_mean"] = float(maps[i][mask[i]].mean())
-        per_image.append(entry)
-    both = [e for e in per_image if "foreground_mean" in e]
-    out = Path(out_dir) if out_dir is not None else bundle.reports_dir() / "occlusion"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, array in (("occlusion.npy", maps), ("occlusion_signed.npy", result["signed"]), ("occlusion_targets.npy", result["targets"])):
-        with atomic_path(out / name, suffix=".npy") as tmp:
-            with open(tmp, "wb") as fh:
-                np.save(fh, array)
-    label = (lambda t: bundle.labels[t] if bundle.labels and t < len(bundle.labels) else str(t))
-    titles = [f"{names[i]} -> {label(int(result['targets'][i]))} p={result['clean_prob'][i]:.2f}" for i in range(len(images))]
-    shown = min(len(images), opts.overlays)
-    write_overlays(images[:shown], maps[:shown], titles[:shown], out / "occlusion.png")
-    fill = list(fill_colour_of(opts.fill, ctx, images))
-    report = {
-        "schema": "vitdeploy-occlusion/1",
-        "bundle": str(bundle.root), "graph": bundle.artifact_path(precision).name, "precision": precision,
-        "source": source, "count": int(len(images)), "size": list(size),
-        "rule": occlusion_rule(patch, stride, opts.fill, fill),
-        "patch": patch, "stride": stride, "fill": opts.fill, "fill_rgb": fill,
-        "positions_per_image": int(len(result["tops"]) * len(result["lefts"])),
-        "compared": "target-class probability of the deployed graph on the clean image vs the occluded image",
-        "caveat": "occluders are out-of-distribution inputs; the map is this graph's response to this occluder, not a causal attribution",
-        "foreground_rule": "foreground/background by the background rule of the transforms (border median colour +- 16)",
-        "foreground_above_background": (sum(e["foreground_mean"] > e["background_mean"] for e in both) / len(both)) if both else None,
-        "images_with_separable_background": len(both),
-        "files": {"maps": "occlusion.npy", "signed": "occlusion_signed.npy", "targets": "occlusion_targets.npy", "overlay": "occlusion.png"},
-        "images": per_image,
-    }
-    atomic_write_json(out / "occlusion.json", report)
-    report["out_dir"] = str(out)
-    return report
-
-
-def fill_colour_of(fill: str, ctx: Context, images: np.ndarray) -> list[int]:
-    from .transforms import fill_colour
-
-    if fill == "border":
-        return []  # per image: the border median colour (the rule text says so)
-    colours = fill_colour(Context(patch=ctx.patch, mean_rgb=ctx.mean_rgb, occlusion_fill=fill), images[:1])
-    return [int(v) for v in colours[0]]
+        opts, pre = self.opts, self.bundle.preprocessing
+        rows = []
+        for h, w in resolutions:
+            data = open_labelled(self.data_spec, (h, w), pre, self.bundle.labels or None, opts.limit, opts.skip_unreadable)
+            sized, scorers = self.scorers_at(h, w)
+            feeds = sized.feeds_for(to_channel_order(data.images, pre))
+            for scorer in scorers:
+                hit = scorer.predict(feeds) == data.labels
+                native_acc = results.get(scorer.id, {}).get(CLEAN, {}).get("accuracy")
+                entry = accuracy_entry(int(hit.sum()), len(hit))
+                row = {"runner": scorer.id, "precision": scorer.precision, "height": h, "width": w,
+                       "graph": scorer.details.get("graph") or scorer.details.get("model"), **entry}
+                if native_acc is not None:
+                    row["drop_pt"] = (native_acc - entry["accuracy"]) * 100.0
+                    if row["drop_pt"] > opts.max_drop_pt:
+                        row["flag"] = (f"accuracy {row['drop_pt']:.1f} pt below the native {self.native[0]}x{self.native[1]} "
+                                       f"(> {opts.max_drop_pt:g})")
+                rows.append(row)
+                scorer.runner.close()
+                self.prog.step(f"{h}x{w} · {scorer.id}")
+        return {"native": list(self.native), "rule": self.rule(), "threshold_pt": opts.max_drop_pt, "rows": rows}

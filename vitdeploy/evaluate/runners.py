@@ -2,6 +2,10 @@
 engines where they can run (skipped with the reason elsewhere), and the PyTorch reference through
 the same Runner interface (rebuilt lazily; without torch the graphs are scored alone and the report
 says so). One session per scorer, reused for every condition.
+
+Every scorer is fed the bundle's input contract's feeds (vitdeploy.contract): a variable-size
+bundle's graphs get each condition's images fitted into the canvas with their valid sizes, and its
+reference is PyTorch on each image alone at its own size.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..bundle import Bundle
+from ..contract import InputContract
 from ..errors import UsageError, VitDeployError
 from ..runtime.base import Runner
 
@@ -25,14 +30,18 @@ class Scorer:
     runner: Runner
     batch: int
     details: dict[str, Any] = field(default_factory=dict)
+    min_rows: int = 1  # an engine profile's minimum batch (calls under it are padded and cut back)
+    contract: InputContract | None = None  # what the runner takes; the feeds of images (occlusion maps)
 
-    def predict(self, images: np.ndarray) -> np.ndarray:
-        """Top-1 class per image (images already in the graph's channel order)."""
-        out = self.runner.infer_batched(images, self.batch, outputs=("logits",))
+    def predict(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """Top-1 class per row of the contract's feeds."""
+        out = self.runner.run_batched(feeds, self.batch, outputs=("logits",), min_rows=self.min_rows)
         return out["logits"].argmax(axis=-1).astype(np.int64)
 
     def probs(self, images: np.ndarray) -> np.ndarray:
-        return self.runner.infer_batched(images, self.batch, outputs=("probs",))["probs"]
+        """Class probabilities of uint8 images in the graph's channel order (prepared by the contract)."""
+        assert self.contract is not None
+        return self.runner.run_batched(self.contract.feeds_for(images), self.batch, outputs=("probs",), min_rows=self.min_rows)["probs"]
 
     def record(self) -> dict[str, Any]:
         return {"id": self.id, "kind": self.kind, "precision": self.precision, **self.details}
@@ -47,21 +56,18 @@ def int8_execution(bundle: Bundle) -> tuple[str, str]:
     return "basic", "reference semantics: Q/DQ as fake-quant in float (ORT basic), what TensorRT computes"
 
 
-def graph_scorer(bundle: Bundle, precision: str, path: Path, threads: int | None, batch: int, label: str = "") -> Scorer:
-    from ..runtime.ort import OrtRunner
+def graph_scorer(bundle: Bundle, contract: InputContract, precision: str, path: Path, threads: int | None, batch: int,
+                 label: str = "") -> Scorer:
+    from ..runtime.devices import cuda_visible
+    from ..runtime.select import onnxruntime_runner
 
     level, execution = int8_execution(bundle) if precision == "int8" else ("all", "ONNX Runtime, all optimizations")
-    runner = OrtRunner(path, precision=precision, optimization=level, threads=threads, providers=["CPUExecutionProvider"]
-                       if _cpu_only() else None)
-    return Scorer(f"onnx {precision}{label}", "graph", precision, runner, batch,
+    providers = None if cuda_visible() else ["CPUExecutionProvider"]
+    chosen = onnxruntime_runner(bundle, contract, precision, providers, threads, optimization=level, graph=path)
+    runner = chosen.runner
+    return Scorer(f"onnx {precision}{label}", "graph", precision, runner, max(1, min(batch, chosen.contract.max_rows(batch))),
                   {"graph": _relative(bundle, path), "execution": execution, "optimization": level,
-                   "providers": runner.info.details.get("providers")})
-
-
-def _cpu_only() -> bool:
-    from ..runtime.devices import cuda_visible
-
-    return not cuda_visible()
+                   "providers": runner.info.details.get("providers")}, chosen.contract.min_rows, chosen.contract)
 
 
 def _relative(bundle: Bundle, path: Path) -> str:
@@ -71,7 +77,7 @@ def _relative(bundle: Bundle, path: Path) -> str:
         return str(path)
 
 
-def reference_scorer(bundle: Bundle, threads: int | None, batch: int,
+def reference_scorer(bundle: Bundle, contract: InputContract, threads: int | None, batch: int,
                      resolution: tuple[int, int] | None = None) -> tuple[Scorer | None, str | None]:
     """The PyTorch reference, or (None, why not)."""
     try:
@@ -83,37 +89,30 @@ def reference_scorer(bundle: Bundle, threads: int | None, batch: int,
     except (VitDeployError, ImportError) as exc:  # e.g. a timm source on a machine without timm
         return None, f"the PyTorch reference cannot be rebuilt ({exc}); graphs are scored without it"
     source = bundle.manifest.get("source", {})
+    execution = "PyTorch eager, host-side numpy preprocessing from the manifest"
+    if runner.per_image:
+        execution += "; each image alone at its own size"
     return Scorer("pytorch fp32", "reference", "fp32", runner, batch,
                   {"model": f"{source.get('kind')}:{source.get('name')}", "torch": runner.info.details.get("torch"),
-                   "execution": "PyTorch eager, host-side numpy preprocessing from the manifest"}), None
+                   "execution": execution}, 1, contract), None
 
 
-def engine_scorers(bundle: Bundle, batch: int, size: tuple[int, int]) -> tuple[list[Scorer], list[dict[str, Any]]]:
-    """TensorRT engines that can run here, and a skip record (with the reason) for the others."""
-    from ..lazy import available
-    from ..runtime.classifier import find_engines
+def engine_scorers(bundle: Bundle, contract: InputContract, batch: int) -> tuple[list[Scorer], list[dict[str, Any]]]:
+    """TensorRT engines that can run here with a profile holding the contract's size, and a skip record
+    (with the reason) for the others."""
+    from ..runtime.select import engines_here
 
     scorers: list[Scorer] = []
     skipped: list[dict[str, Any]] = []
-    for entry in find_engines(bundle):
+    for run in engines_here(bundle, contract, purpose="evaluated"):
+        entry = run.entry
         base = {"id": f"tensorrt {entry.target}", "kind": "engine", "precision": entry.precision, "engine": _relative(bundle, entry.dir)}
-        if not available("tensorrt"):
-            skipped.append({**base, "skipped": "TensorRT is not installed on this machine (engines are evaluated on their target GPU)"})
+        if run.runner is None or run.contract is None:
+            skipped.append({**base, "skipped": run.skipped})
             continue
-        fits = [p for p in entry.profiles if p[1][0] <= size[0] <= p[1][2] and p[2][0] <= size[1] <= p[2][2]]
-        if entry.profiles and not fits:
-            skipped.append({**base, "skipped": f"no optimisation profile of the engine takes {size[0]}x{size[1]} ({entry.profiles})"})
-            continue
-        try:
-            from ..runtime.tensorrt import TensorRTRunner
-
-            runner = TensorRTRunner(entry.dir)
-        except VitDeployError as exc:
-            skipped.append({**base, "skipped": str(exc)})
-            continue
-        max_batch = max((p[0][2] for p in fits), default=batch)
-        scorers.append(Scorer(base["id"], "engine", entry.precision, runner, max(1, min(batch, int(max_batch))),
-                              {"engine": base["engine"], "execution": "TensorRT"}))
+        narrowed = run.contract
+        scorers.append(Scorer(base["id"], "engine", entry.precision, run.runner, max(1, min(batch, narrowed.max_rows(batch))),
+                              {"engine": base["engine"], "execution": "TensorRT"}, narrowed.min_rows, narrowed))
     return scorers, skipped
 
 

@@ -6,7 +6,7 @@ each cell beside the analytic cost (chapter §39.5) and the machine's measured G
     sweep.py       the matrix of cells over the runner interface, with the cost model per cell
     tegrastats.py  Jetson telemetry: tegrastats parser and sampler, nvpmodel / jetson_clocks state
     report.py      terminal table + progress bar, reports/profile.csv / .json / .png
-    variable.py    variable-size bundles: fill-ratio sizes (declared rule), runners fed (images, valid_hw)
+    variable.py    variable-size bundles: fill-ratio sizes (declared rule), the masked PyTorch forward
 
 Only numpy (and the runners' own runtimes, imported when a cell needs them) at import time.
 """
@@ -52,7 +52,9 @@ def profile_bundle(
 
     bundle = Bundle.open(path)
     if accuracy:
-        if bundle.variable_size:
+        from ..contract import InputContract
+
+        if InputContract.from_bundle(bundle).mixes_sizes:
             from ..errors import UserError
 
             raise UserError("--accuracy scores single-size graphs; for a variable-size bundle `vitdeploy check` scores the "

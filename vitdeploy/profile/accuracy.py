@@ -17,7 +17,9 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..errors import UserError, VitDeployError
-from .sweep import Cell, SweepConfig, SweepResult, runner_factory
+from .cells import runner_factory
+from .plan import Cell, SweepConfig
+from .sweep import SweepResult
 
 # The CSV/JSON columns these numbers land in are declared in vitdeploy.profile.report.COLUMNS.
 

@@ -1,6 +1,6 @@
 """Measure one runner on one input batch: start-up, latency distribution, throughput, memory.
 
-The loop is deliberately thin (one ``runner.infer`` and one list append per iteration) so the
+The loop is deliberately thin (one ``runner.run(feeds)`` and one list append per iteration) so the
 profiler measures the runtime, not itself; ``bench/bench_profiler_overhead.py`` checks that its p50
 stays within 3% of a bare ``session.run`` loop.
 
@@ -8,7 +8,7 @@ Definitions (they are the report's, see ``report.COLUMNS``):
 
 * start-up: from the start of the runner's construction (session or engine load) to the first
   result, i.e. what a service pays before its first answer.
-* latency: the host wall time of one ``infer`` call (``Runner.last_latency_s``); runners that time
+* latency: the host wall time of one ``run`` call (``Runner.last_latency_s``); runners that time
   the device separately (TensorRT: CUDA events around ``execute_async_v3``) expose
   ``last_device_time_s`` and get a second distribution.
 * throughput: images per second over the timed loop, ``batch * iterations / sum(latencies)``.
@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
 
@@ -259,12 +259,15 @@ def check_budget(warmup: int, iterations: int | None, duration_s: float | None) 
     return iterations, duration_s
 
 
+Feeds = Dict[str, np.ndarray]  # the runner's named inputs (vitdeploy.runtime.base)
+
+
 @dataclass
 class LoadedRunner:
     """A runner after start-up: loaded, first result timed, warmed up; ready for timed calls."""
 
     runner: Runner
-    batch: np.ndarray
+    feeds: Feeds
     startup_s: float
     load_s: float
     first_infer_s: float
@@ -278,9 +281,14 @@ class LoadedRunner:
     device: list[float] = field(default_factory=list)
 
 
+def _as_feeds(runner: Runner, batch: np.ndarray | Feeds) -> Feeds:
+    """Named feeds; a bare array is the input of a one-input runner."""
+    return dict(batch) if isinstance(batch, dict) else {runner.input_names()[0]: batch}
+
+
 def load(
     make_runner: Callable[[], Runner],
-    batch: np.ndarray | Callable[[Runner], np.ndarray],
+    batch: np.ndarray | Feeds | Callable[[Runner], np.ndarray | Feeds],
     warmup: int = DEFAULT_WARMUP,
     gpu: GpuMemoryProbe | None = None,
     on_runner: Callable[[Runner], None] | None = None,
@@ -288,8 +296,8 @@ def load(
 ) -> LoadedRunner:
     """Start-up: construct the runner, time its first result, then run the untimed warm-up calls.
 
-    ``batch`` is the input, or a function of the loaded runner that builds it (its input type is
-    only known once the graph is loaded); ``on_runner`` is called with the loaded runner before the
+    ``batch`` is the input (named feeds, or one array for a one-input runner), or a function of the
+    loaded runner that builds it (its input type is only known once the graph is loaded); ``on_runner`` is called with the loaded runner before the
     first inference (e.g. to refuse a shape the graph cannot take). On failure the runner is closed.
     """
     if warmup < 0:
@@ -304,17 +312,16 @@ def load(
         if on_runner is not None:
             on_runner(runner)
         t_input = time.perf_counter()
-        if callable(batch):
-            batch = batch(runner)
+        feeds = _as_feeds(runner, batch(runner) if callable(batch) else batch)
         t_input = time.perf_counter() - t_input  # making synthetic input is not part of start-up
-        runner.infer(batch)
+        runner.run(feeds)
         t_first = time.perf_counter() - t_input
         for _ in range(warmup):
-            runner.infer(batch)
+            runner.run(feeds)
     except BaseException:
         runner.close()
         raise
-    loaded = LoadedRunner(runner, batch, t_first - t0, t_loaded - t0, t_first - t_loaded, warmup, rss_before, scope, gpu_before, torch_before)
+    loaded = LoadedRunner(runner, feeds, t_first - t0, t_loaded - t0, t_first - t_loaded, warmup, rss_before, scope, gpu_before, torch_before)
     if gpu:
         loaded.gpu_after_load = (gpu.used_mb(), gpu.torch_peak_mb())
     return loaded
@@ -324,13 +331,13 @@ def timed_calls(loaded: LoadedRunner, iterations: int | None = None, duration_s:
                 min_iterations: int = MIN_ITERATIONS) -> None:
     """Append ``iterations`` timed calls (or as many as fit in ``duration_s``, at least
     ``min_iterations``) to ``loaded.samples``; may be called repeatedly (interleaved sweeps)."""
-    runner, batch = loaded.runner, loaded.batch
+    runner, feeds = loaded.runner, loaded.feeds
     samples, device = loaded.samples, loaded.device
     has_device = hasattr(runner, "last_device_time_s")
-    infer = runner.infer  # bound once: the loop body stays one call and one append
+    run = runner.run  # bound once: the loop body stays one call and one append
     if iterations is not None:
         for _ in range(iterations):
-            infer(batch)
+            run(feeds)
             samples.append(runner.last_latency_s)
             if has_device:
                 device.append(runner.last_device_time_s)  # type: ignore[attr-defined]
@@ -339,7 +346,7 @@ def timed_calls(loaded: LoadedRunner, iterations: int | None = None, duration_s:
     count = 0
     deadline = time.perf_counter() + duration_s
     while count < min_iterations or time.perf_counter() < deadline:
-        infer(batch)
+        run(feeds)
         samples.append(runner.last_latency_s)
         if has_device:
             device.append(runner.last_device_time_s)  # type: ignore[attr-defined]
@@ -366,7 +373,7 @@ def finish(loaded: LoadedRunner, cv_threshold: float = DEFAULT_CV_THRESHOLD, gpu
         loaded.runner.close()
     stats = summarize(loaded.samples)
     device = loaded.device
-    n_images = int(loaded.batch.shape[0])
+    n_images = int(len(next(iter(loaded.feeds.values()))))
     peak = peak_rss_mb()
     if rss_added_mb is None and loaded.rss_before_mb is not None:
         rss_added_mb = peak - loaded.rss_before_mb
@@ -394,7 +401,7 @@ def finish(loaded: LoadedRunner, cv_threshold: float = DEFAULT_CV_THRESHOLD, gpu
 
 def measure(
     make_runner: Callable[[], Runner],
-    batch: np.ndarray | Callable[[Runner], np.ndarray],
+    batch: np.ndarray | Feeds | Callable[[Runner], np.ndarray | Feeds],
     warmup: int = DEFAULT_WARMUP,
     iterations: int | None = None,
     duration_s: float | None = None,

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..runtime.base import Runner, RunnerInfo, TensorInfo
-from ..runtime.ort import OrtRunner
+from ..variable import VALID_INPUT
 
 FILL_RULE = (
     "fill = mean valid area / canvas area; per image about fill x N whole patches (N = canvas grid cells): grid height drawn "
@@ -71,61 +71,45 @@ def achieved_fill(valid_hw: np.ndarray, canvas: Sequence[int]) -> float:
     return float((valid[:, 0] * valid[:, 1]).mean() / (int(canvas[0]) * int(canvas[1])))
 
 
-class VariableOrtRunner(OrtRunner):
-    """ONNX Runtime on a two-input graph with a fixed ``valid_hw`` per cell: ``infer(images)`` feeds both,
-    so the profiler's loop (one call per timed iteration) stays the same as for one-input graphs."""
-
-    def __init__(self, model: Any, valid_hw: np.ndarray, **kwargs: Any):
-        super().__init__(model, **kwargs)
-        names = [i.name for i in self.session.get_inputs()]
-        if len(names) != 2:
-            raise UserError(f"{model} takes inputs {names}; a variable-size graph takes (images, valid_hw)")
-        self._valid_name = names[1]
-        self.valid_hw = np.ascontiguousarray(valid_hw, dtype=np.int32)
-        self.info.details["valid_hw_rows"] = int(len(self.valid_hw))
-
-    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        if len(batch) != len(self.valid_hw):
-            raise UserError(f"{len(batch)} images for {len(self.valid_hw)} valid_hw rows")
-        return self._session_run(self._outputs, {self._input.name: batch, self._valid_name: self.valid_hw})
-
-
 class VariableTorchRunner(Runner):
     """The bundle's masked forward in PyTorch (exporters' VariableSizeGraph, the module the graph was
-    exported from), eager under inference_mode, fed the same (images, valid_hw) as the graph."""
+    exported from), eager under inference_mode, fed the same (images, valid_hw) as the graph: the
+    PyTorch baseline of a variable-size cell (the per-image reference that `check` compares with is
+    exporters/torch_runner.py's)."""
 
-    def __init__(self, bundle: Any, valid_hw: np.ndarray, canvas: Sequence[int], device: str = "cpu", threads: int | None = None):
+    def __init__(self, bundle: Any, contract: Any, canvas: Sequence[int] | None = None, device: str = "cpu", threads: int | None = None):
         import torch
 
         from vitdeploy.exporters.api import loaded_for_bundle
+        from vitdeploy.exporters.torch_runner import position_rule
         from vitdeploy.exporters.variable_size import VariableSizeGraph
-        from vitdeploy.posembed import PosEmbedInterpolation
 
         if threads:
             torch.set_num_threads(int(threads))
-        interp = PosEmbedInterpolation.from_dict(
-            {k: v for k, v in bundle.resolution["pos_embed_interpolation"].items() if k != "description"})
-        loaded = loaded_for_bundle(bundle, resolution=tuple(bundle.spec.image_size))
+        loaded = loaded_for_bundle(bundle, resolution=contract.native)
         self.torch = torch
         self.device = torch.device(device)
-        self.module = VariableSizeGraph(loaded, bundle.preprocessing, (int(canvas[0]), int(canvas[1])), interp).eval().to(self.device)
-        self.valid = torch.from_numpy(np.ascontiguousarray(valid_hw, dtype=np.int32)).to(self.device)
-        self.canvas = (int(canvas[0]), int(canvas[1]))
+        self.contract = contract
+        self.canvas = (int(canvas[0]), int(canvas[1])) if canvas is not None else contract.size  # a cell's canvas (a variant's)
+        self.module = VariableSizeGraph(loaded, bundle.preprocessing, self.canvas, position_rule(bundle)).eval().to(self.device)
         self.info = RunnerInfo("torch", "fp32", str(self.device), {"torch_mode": "eager", "threads": threads or torch.get_num_threads(),
-                                                                  "torch": torch.__version__, "valid_hw_rows": int(len(valid_hw))})
+                                                                  "torch": torch.__version__})
 
     def inputs(self) -> list[TensorInfo]:
-        return [TensorInfo("images", "uint8", ("batch", self.canvas[0], self.canvas[1], 3))]
+        h, w = self.canvas
+        return [TensorInfo(self.contract.image_input, "uint8", ("batch", h, w, 3)), TensorInfo(VALID_INPUT, "int32", ("batch", 2))]
 
     def outputs(self) -> list[str]:
         return ["logits", "probs"]
 
-    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+    def _execute(self, feeds: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
         torch = self.torch
-        if len(batch) != len(self.valid):
-            raise UserError(f"{len(batch)} images for {len(self.valid)} valid_hw rows")
+        images, valid = feeds[self.contract.image_input], feeds[VALID_INPUT]
+        if len(images) != len(valid):
+            raise UserError(f"{len(images)} images for {len(valid)} valid_hw rows")
         with torch.inference_mode():
-            logits, probs = self.module(torch.from_numpy(batch).to(self.device), self.valid)
+            logits, probs = self.module(torch.from_numpy(np.ascontiguousarray(images)).to(self.device),
+                                        torch.from_numpy(np.ascontiguousarray(valid, dtype=np.int32)).to(self.device))
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         return {"logits": logits.float().cpu().numpy(), "probs": probs.float().cpu().numpy()}

@@ -4,13 +4,19 @@
     clf.classify("cat.jpg")                            # [[Top(label='cat', prob=0.93), ...]]
     clf.classify(frame_uint8_hwc, top_k=3)             # a camera frame, in the graph's channel order
     clf.classify(batch_uint8_nhwc)                     # any N: split to the engine's batch limits
+    clf.classify([photo_640x480, crop_120x300])        # a variable-size bundle: any sizes in one batch
     clf.embed(images)                                  # [N, d] pooled features (bundles exported with
     clf.patch_grid(images)                             # [N, d, G_h, G_w]    --outputs ...,embedding,patch_grid)
 
-Backend choice (``prefer``, in order): "tensorrt" takes the bundle's engine whose fingerprint
-(TensorRT version, GPU, compute capability) matches this device; "onnxruntime" runs the bundle's
-graph with the CUDA provider when onnxruntime-gpu sees a GPU, else on the CPU. Why each backend was
-passed over is kept in ``backend_reason``.
+What the graph takes is the bundle's input contract (vitdeploy.contract): one size, a chosen size of
+a dynamic graph, or a canvas with each image's valid size (``export --variable-size``: mixed sizes
+share one call). The contract prepares each image and builds the named feeds; this class batches,
+runs and reads the outputs, the same for every contract.
+
+Backend choice (``prefer``, in order) is vitdeploy.runtime.select's: "tensorrt" takes the bundle's
+engine whose fingerprint (TensorRT version, GPU, compute capability) matches this device;
+"onnxruntime" runs the bundle's graph with the CUDA provider when onnxruntime-gpu sees a GPU, else on
+the CPU. Why each backend was passed over is kept in ``backend_reason``.
 
 Threads: one Classifier may be shared. ONNX Runtime sessions are documented as safe for concurrent
 ``run`` calls, so ORT calls go in parallel without a lock. A TensorRT execution context and its
@@ -28,23 +34,17 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from ..bundle import Bundle
-from ..errors import DeviceError, IntegrityError, UserError
-from ..images import decode_image, model_input_size, resize_for_model, to_channel_order
-
-BACKENDS = ("tensorrt", "onnxruntime")
-PRECISION_CHOICES = ("best", "fp32", "fp16", "int8")
-# "best" on a TensorRT engine: the lowest precision the bundle was built at (each graph's accuracy
-# was measured when it was made). On ONNX Runtime: fp16 only with CUDA; on the CPU fp32, since
-# fp16/int8 graphs gain nothing there and int8 integer kernels lose accuracy on CPUs without VNNI.
-_TRT_BEST_ORDER = ("int8", "fp16", "fp32")
-DEFAULT_ORT_BATCH = 32  # chunk size for dynamic-batch graphs: bounds host memory per call
+from ..contract import InputContract
+from ..errors import UserError
+from .engines import EngineEntry, find_engines  # noqa: F401 - re-exported (vitdeploy.runtime.classifier.find_engines)
+from .files import expand_image_paths, load_npy_images
+from .select import BACKENDS, DEFAULT_ORT_BATCH, PRECISION_CHOICES, select_runner  # noqa: F401 - re-exported
 
 
 class Top(NamedTuple):
@@ -70,24 +70,28 @@ class Classifier:
         max_batch: int,
         min_batch: int = 1,
         thread_safe: bool = False,
+        contract: InputContract | None = None,
     ):
         self.runner = runner
         self.bundle = bundle
         self.backend = backend
         self.precision = precision
         self.backend_reason = backend_reason
-        self.input_size = input_size
+        self.contract = contract or InputContract.from_bundle(bundle, size=input_size)
+        self.input_size = tuple(self.contract.size)
         self.max_batch = max(1, int(max_batch))
         self.min_batch = max(1, int(min_batch))
         self.preprocessing = bundle.preprocessing
-        self.in_graph_resize = bool(self.preprocessing.get("in_graph_resize"))
-        self.float_input = self.preprocessing.get("input", "uint8-nhwc") == "float-nchw"
         num_classes = bundle.spec.num_classes
         labels = bundle.labels
         self.labels = labels if len(labels) == num_classes else [str(k) for k in range(num_classes)]
         self._lock = contextlib.nullcontext() if thread_safe else threading.Lock()
-        # (H min, H max), (W min, W max) the backend accepts (an engine's profile); None: any size
-        self.size_ranges: tuple[tuple[int, int], tuple[int, int]] | None = None
+
+    @property
+    def size_ranges(self) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """(H min, H max), (W min, W max) the backend accepts (an engine's profile); None: any size."""
+        c = self.contract
+        return (c.heights, c.widths) if c.heights is not None and c.widths is not None else None
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
@@ -112,28 +116,11 @@ class Classifier:
             bundle = Bundle.open(bundle)
         if precision not in PRECISION_CHOICES:
             raise UserError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {precision!r}")
-        prefer = tuple(prefer)
-        unknown = [b for b in prefer if b not in BACKENDS]
-        if unknown or not prefer:
-            raise UserError(f"unknown backend {', '.join(unknown) or '(none)'}; choose from {', '.join(BACKENDS)}")
-        if bundle.preprocessing.get("variable_size"):  # (images, valid_hw) graph: any size per image
-            from .variable_classifier import VariableSizeClassifier
-
-            return VariableSizeClassifier.load_variable(bundle, prefer, precision, providers, threads, max_batch)
-        input_size = model_input_size(bundle.preprocessing, bundle.resolution, bundle.spec.patch_size, size)
-        passed_over: list[str] = []
-        for backend in prefer:
-            try:
-                if backend == "tensorrt":
-                    return _load_tensorrt(cls, bundle, precision, input_size, passed_over)
-                return _load_onnxruntime(cls, bundle, precision, providers, threads, input_size, max_batch, passed_over)
-            except IntegrityError:  # a graph the manifest does not vouch for is refused, never passed over
-                raise
-            except (DeviceError, UserError) as exc:  # MissingDependencyError is a UserError
-                if len(prefer) == 1:
-                    raise
-                passed_over.append(f"{backend}: {exc}")
-        raise DeviceError(f"no backend can run {bundle.root} here ({'; '.join(passed_over)})")
+        chosen = select_runner(bundle, InputContract.from_bundle(bundle, size=size), prefer, precision, providers, threads)
+        contract = chosen.contract
+        return cls(chosen.runner, bundle, backend=chosen.backend, precision=chosen.precision, backend_reason=chosen.backend_reason,
+                   input_size=contract.size, max_batch=contract.max_rows(max_batch or DEFAULT_ORT_BATCH), min_batch=contract.min_rows,
+                   thread_safe=chosen.thread_safe, contract=contract)
 
     # -- inference ----------------------------------------------------------------------------
     def classify(self, images: ImageInput, top_k: int = 5) -> list[list[Top]]:
@@ -164,6 +151,16 @@ class Classifier:
         self._require_output("patch_grid")
         return self._collect(images, "patch_grid")
 
+    def run_padded(self, images: np.ndarray, valid_hw: np.ndarray, output: str = "probs") -> np.ndarray:
+        """``output`` for a variable-size batch already padded into the canvas (images [B, H_c, W_c, 3]
+        and valid_hw [B, 2]), checked by the contract first."""
+        feeds = self.contract.check_feeds({self.contract.image_input: images, "valid_hw": valid_hw})
+        return self._run(feeds)[output]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every output for named feeds the contract accepts (split to the backend's batch limits)."""
+        return self._run(self.contract.check_feeds(feeds))
+
     @property
     def outputs(self) -> list[str]:
         """The outputs the bundle's graph declares (logits, probs, embedding, patch_grid)."""
@@ -179,7 +176,7 @@ class Classifier:
         raise UserError(f"bundle {self.bundle.root} gives no {what}: its graph's outputs are {','.join(have)}; {hint}")
 
     def _collect(self, images: ImageInput, name: str) -> np.ndarray:
-        rows = [self._pick(self._run(batch), name) for batch in self._batches(images)]
+        rows = [self._run(feeds)[name] for feeds in self._batches(images)]
         if not rows:
             raise UserError("no images given")
         if len({r.shape[1:] for r in rows}) > 1:
@@ -187,74 +184,43 @@ class Classifier:
                             "pass images of one size (or load with size=(H, W))")
         return np.concatenate(rows, axis=0)
 
-    @staticmethod
-    def _pick(out: Any, name: str) -> np.ndarray:
-        # a subclass whose _run returns the probabilities array itself (the variable-size classifier)
-        return out[name] if isinstance(out, dict) else out
-
-    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        count = len(batch)
-        if count < self.min_batch:  # an engine profile (or a fixed batch) that needs more rows
-            pad = np.repeat(batch[-1:], self.min_batch - count, axis=0)
-            batch = np.concatenate([batch, pad], axis=0)
-        feed = _normalise(batch, self.preprocessing) if self.float_input else batch
-        with self._lock:
-            outputs = self.runner.infer(feed)
-        out = {k: np.asarray(v, dtype=np.float32)[:count] for k, v in outputs.items()}
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Checked feeds -> float32 outputs (probs derived from logits when the graph has none), in calls
+        of at most ``max_batch`` rows, each padded to ``min_batch`` (an engine profile's minimum) and cut back."""
+        parts = []
+        total = self.contract.rows(feeds)
+        for start in range(0, total, self.max_batch):
+            chunk = self.contract.take(feeds, start, start + self.max_batch)
+            count = self.contract.rows(chunk)
+            with self._lock:
+                outputs = self.runner.run(self.contract.pad_rows(chunk, self.min_batch))
+            parts.append({k: np.asarray(v, dtype=np.float32)[:count] for k, v in outputs.items()})
+        out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         if "probs" not in out and "logits" in out:
             out["probs"] = softmax(out["logits"].astype(np.float64)).astype(np.float32)
         return out
 
     # -- turning inputs into graph batches ----------------------------------------------------
     def prepare(self, image: Any) -> np.ndarray:
-        """One input (path or uint8 HWC array) -> the uint8 HWC image the graph is fed.
-
-        Files are decoded (EXIF upright, RGB), resized by the manifest's rule and put in the graph's
-        channel order. Arrays are taken to be in the graph's channel order already; one at the
-        model's input size goes in unchanged, another size is resized by the rule (or, when the
-        graph resizes inside, passed through for the graph to resize).
-        """
-        if isinstance(image, (str, os.PathLike)):
-            rgb = resize_for_model(decode_image(image), self.preprocessing, self.input_size)
-            return to_channel_order(rgb, self.preprocessing)
-        if isinstance(image, np.ndarray):
-            if image.dtype != np.uint8:
-                raise UserError(f"images must be uint8 pixels, got {image.dtype}; pass the raw image (the graph normalises it)")
-            if image.ndim != 3 or image.shape[2] != 3:
-                raise UserError(f"an image must be uint8 [H, W, 3] (or a batch [N, H, W, 3]), got shape {list(image.shape)}")
-            if tuple(image.shape[:2]) == self.input_size or (self.in_graph_resize and self._accepts(*image.shape[:2])):
-                return image
-            return resize_for_model(image, self.preprocessing, self.input_size)
-        raise UserError(f"cannot classify a {type(image).__name__}; give image paths or uint8 arrays")
-
-    def _accepts(self, height: int, width: int) -> bool:
-        if self.size_ranges is None:
-            return True
-        (h0, h1), (w0, w1) = self.size_ranges
-        return h0 <= height <= h1 and w0 <= width <= w1
+        """One input (path or uint8 HWC array) -> the uint8 HWC image the graph is fed (the contract's
+        :meth:`~vitdeploy.contract.InputContract.prepare`: decoded, brought to the graph by the manifest's
+        rule, in the graph's channel order)."""
+        return self.contract.prepare(image)
 
     def _items(self, images: ImageInput) -> Iterable[Any]:
         if isinstance(images, (str, os.PathLike)):
             return [images]
         if isinstance(images, np.ndarray):
-            if images.ndim == 4:
-                return list(images)
-            return [images]
+            return list(images) if images.ndim == 4 else [images]
         if isinstance(images, (list, tuple)):
             return images
         raise UserError(f"cannot classify a {type(images).__name__}; give image paths or uint8 arrays")
 
-    def _batches(self, images: ImageInput) -> Iterator[np.ndarray]:
-        """Prepared images grouped into batches of at most ``max_batch`` with one shape each."""
-        group: list[np.ndarray] = []
-        for item in self._items(images):
-            img = self.prepare(item)
-            if group and (len(group) == self.max_batch or group[0].shape != img.shape):
-                yield np.stack(group)
-                group = []
-            group.append(img)
-        if group:
-            yield np.stack(group)
+    def _batches(self, images: ImageInput) -> Iterator[dict[str, np.ndarray]]:
+        """Named feeds of at most ``max_batch`` prepared images each (one size per call, except a canvas)."""
+        prepared = (self.prepare(item) for item in self._items(images))
+        for run in self.contract.group(prepared, self.max_batch):
+            yield self.contract.feeds(run)
 
     # -- housekeeping -------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -266,6 +232,7 @@ class Classifier:
             "input_size": list(self.input_size),
             "batch": [self.min_batch, self.max_batch],
             "backend_reason": self.backend_reason,
+            **self.contract.runtime_details(),
         }
 
     def close(self) -> None:
@@ -278,26 +245,7 @@ class Classifier:
         self.close()
 
 
-# -- the `vitdeploy predict` entry point -----------------------------------------------------
-def expand_image_paths(items: Sequence[str | os.PathLike]) -> list[Path]:
-    """Files as given; a folder stands for the image files under it (sorted)."""
-    from ..images import IMAGE_SUFFIXES
-
-    paths: list[Path] = []
-    for item in items:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-            if not found:
-                raise UserError(f"folder {path} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
-            paths.extend(found)
-        else:
-            paths.append(path)
-    if not paths:
-        raise UserError("no images given")
-    return paths
-
-
+# -- the `vitdeploy predict` and `vitdeploy embed` entry points -------------------------------------
 def predict_files(
     bundle: str | os.PathLike | Bundle,
     images: Sequence[str | os.PathLike],
@@ -352,26 +300,15 @@ def embed_files(
         if arrays:
             if len(arrays) != len(images):
                 raise UserError("give image files/folders or one .npy array, not both")
-            batch = np.concatenate([_load_npy_images(p) for p in arrays])
-            names = [f"{p}[{i}]" for p in arrays for i in range(len(_load_npy_images(p)))]
-            source: Any = batch
+            loaded = [load_npy_images(p) for p in arrays]
+            names = [f"{p}[{i}]" for p, a in zip(arrays, loaded) for i in range(len(a))]
+            source: Any = np.concatenate(loaded)
         else:
-            paths = expand_image_paths(images)
-            names = [str(p) for p in paths]
+            names = [str(p) for p in expand_image_paths(images)]
             source = names
         feats = clf.patch_grid(source) if patch_grid else clf.embed(source, normalize=normalize)
         about = clf.describe()
     return feats, names, about
-
-
-def _load_npy_images(path: Path) -> np.ndarray:
-    try:
-        arr = np.load(path, allow_pickle=False, mmap_mode="r")
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {path} as a .npy array ({exc})") from None
-    if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3:
-        raise UserError(f"{path} holds {arr.dtype} {list(arr.shape)}; expected uint8 [N, H, W, 3] images in the graph's channel order")
-    return np.asarray(arr)
 
 
 # -- top-k and softmax (the C++ example implements the same two functions) --------------------
@@ -385,192 +322,3 @@ def top_k_of(probs: np.ndarray, labels: Sequence[str], k: int) -> list[Top]:
     """The k most probable classes, highest first; ties go to the lower index (stable sort)."""
     order = np.argsort(-np.asarray(probs, dtype=np.float64), kind="stable")[: min(k, len(probs))]
     return [Top(labels[i], float(probs[i])) for i in order]
-
-
-def _normalise(batch: np.ndarray, preprocessing: dict[str, Any]) -> np.ndarray:
-    from ..preprocess import normalise
-
-    return normalise(batch, preprocessing)
-
-
-# -- backends ---------------------------------------------------------------------------------
-def _load_onnxruntime(cls, bundle, precision, providers, threads, input_size, max_batch, passed_over) -> Classifier:
-    from .ort import OrtRunner, default_providers
-
-    providers = list(providers) if providers else default_providers()
-    wants_cuda = "CUDAExecutionProvider" in providers
-    have = bundle.precisions()
-    if precision == "best":
-        chosen = "fp16" if wants_cuda and "fp16" in have else "fp32"
-        if chosen not in have:
-            chosen = have[0] if have else "fp32"
-    else:
-        chosen = precision
-    runner = OrtRunner(_ort_graph(bundle, chosen, wants_cuda), precision=chosen, providers=providers, threads=threads)
-    if precision == "best" and chosen == "fp16" and runner.info.device == "cpu":
-        # onnxruntime-gpu lists CUDA without a usable GPU and falls back silently: fp32 on the CPU.
-        runner.close()
-        chosen = "fp32"
-        runner = OrtRunner(_ort_graph(bundle, chosen, False), precision=chosen, providers=providers, threads=threads)
-    batch_dim = runner.inputs()[0].shape[0]
-    fixed = batch_dim if isinstance(batch_dim, int) and batch_dim > 0 else None
-    used = runner.info.details.get("providers", [])
-    graph = runner.info.details.get("graph")
-    reason = f"onnxruntime {chosen} on {runner.info.device} ({', '.join(used)}){f'; {graph}' if graph else ''}"
-    return cls(
-        runner,
-        bundle,
-        backend="onnxruntime",
-        precision=chosen,
-        backend_reason="; ".join(passed_over + [reason]),
-        input_size=input_size,
-        max_batch=fixed or max_batch or DEFAULT_ORT_BATCH,
-        min_batch=fixed or 1,
-        thread_safe=True,  # InferenceSession.run may be called concurrently
-    )
-
-
-def _ort_graph(bundle: Bundle, precision: str, wants_cuda: bool) -> Path:
-    """The graph ONNX Runtime loads: on CPUs the fp32 precision uses the bundle's fused CPU graph
-    (model.cpu.onnx: ORT's Attention op) when it was made from the current fp32 graph and passed
-    its gate; everything else runs the plain graph."""
-    if precision == "fp32" and not wants_cuda:
-        from .fused import cpu_graph_for
-
-        fused = cpu_graph_for(bundle)
-        if fused is not None:
-            return fused
-    return bundle.artifact_path(precision)
-
-
-# -- TensorRT engines of a bundle -------------------------------------------------------------
-@dataclass(frozen=True)
-class EngineEntry:
-    """One ``engines/<target>/`` of a bundle: its engine.json fingerprint and manifest record."""
-
-    target: str
-    dir: Path
-    fingerprint: dict[str, Any]
-    record: dict[str, Any]
-
-    @property
-    def precision(self) -> str:
-        return str(self.fingerprint.get("precision") or self.record.get("precision") or "fp32")
-
-    @property
-    def source_precision(self) -> str:
-        return str(self.fingerprint.get("source_precision") or self.record.get("source_precision") or "fp32")
-
-    @property
-    def plan_path(self) -> Path:
-        return self.dir / "model.plan"
-
-    @property
-    def profiles(self) -> list[tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]]:
-        """(batch, height, width) min/opt/max triples per optimisation profile."""
-        return [
-            (tuple(p["batch"]), tuple(p["height"]), tuple(p["width"]))  # type: ignore[misc]
-            for p in self.fingerprint.get("profiles") or []
-        ]
-
-    @property
-    def profile(self) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]:
-        if not self.profiles:
-            raise UserError(f"engine {self.dir} lists no optimisation profile in engine.json; rebuild it")
-        return self.profiles[0]
-
-    def profile_for(self, height: int, width: int) -> int | None:
-        """Index of the first profile whose H/W range holds (height, width)."""
-        for i, (_, hs, ws) in enumerate(self.profiles):
-            if hs[0] <= height <= hs[2] and ws[0] <= width <= ws[2]:
-                return i
-        return None
-
-
-def find_engines(bundle: Bundle) -> list[EngineEntry]:
-    """The engines built from this bundle's graphs.
-
-    A bundle folder lists them in ``manifest["engines"]`` (records of a graph that changed are
-    dropped there). A bare .onnx has no manifest to record engines in: the ``engines/*/`` beside it
-    count when their engine.json names this file's sha256 as their source.
-    """
-    from ..engine.fingerprint import FINGERPRINT_FILE, read_fingerprint
-
-    if bundle.bare_onnx is not None:
-        found = sorted(bundle.root.glob(f"engines/*/{FINGERPRINT_FILE}"))
-        if not found:
-            return []
-        from ..fileio import sha256_file
-
-        digest = sha256_file(bundle.bare_onnx)
-        entries = []
-        for path in found:
-            fingerprint = read_fingerprint(path.parent)
-            if fingerprint.get("source_sha256") == digest:
-                entries.append(EngineEntry(path.parent.name, path.parent, fingerprint, {}))
-        return entries
-    entries = []
-    for target, record in sorted((bundle.manifest.get("engines") or {}).items()):
-        record = record if isinstance(record, dict) else {}
-        engine_dir = bundle.root / (record.get("dir") or f"engines/{target}")
-        entries.append(EngineEntry(target, engine_dir, read_fingerprint(engine_dir), record))
-    return entries
-
-
-def _load_tensorrt(cls, bundle, precision, input_size, passed_over) -> Classifier:
-    entry, profile, version, device = tensorrt_engine(bundle, precision, input_size)
-    runner = _tensorrt_runner(entry)
-    batch, heights, widths = entry.profiles[profile]
-    reason = f"tensorrt {entry.precision} engine {entry.target} (TensorRT {version}, {device.gpu_name})"
-    clf = cls(
-        runner,
-        bundle,
-        backend="tensorrt",
-        precision=entry.precision,
-        backend_reason="; ".join(passed_over + [reason]),
-        input_size=input_size,
-        max_batch=batch[2],
-        min_batch=batch[0],
-        thread_safe=False,  # one execution context and its buffers: calls hold the lock
-    )
-    clf.size_ranges = ((heights[0], heights[2]), (widths[0], widths[2]))
-    return clf
-
-
-def tensorrt_engine(bundle: Bundle, precision: str, input_size: tuple[int, int]) -> tuple[EngineEntry, int, str, Any]:
-    """(engine, index of the profile holding ``input_size``, TensorRT version, device) of the bundle's
-    engine that runs here, best precision first; DeviceError naming what is wrong with each one."""
-    from ..engine import fingerprint as fpmod
-    from ..engine.versions import import_tensorrt, installed_version
-
-    engines = find_engines(bundle)
-    if not engines:
-        raise DeviceError(f"the bundle has no TensorRT engine (build one on this device with `vitdeploy build-engine {bundle.root}`)")
-    wanted = _TRT_BEST_ORDER if precision == "best" else (precision,)
-    candidates = [e for p in wanted for e in engines if e.precision == p]
-    if not candidates:
-        have = ", ".join(f"{e.target} ({e.precision})" for e in engines)
-        raise DeviceError(f"the bundle has no {precision} engine (has: {have})")
-    import_tensorrt("running TensorRT engines")  # one clear line when it is missing
-    version = str(installed_version())
-    device = fpmod.query_device()  # DeviceError without a usable GPU
-    problems = []
-    for entry in candidates:
-        why = fpmod.mismatches(entry.fingerprint, device, version)
-        profile = entry.profile_for(*input_size)
-        if profile is None:
-            why.append(f"no profile covers {input_size[0]}x{input_size[1]}")
-        if why:
-            problems.append(f"{entry.target}: {'; '.join(why)}")
-            continue
-        fpmod.verify_plan_file(entry.dir, entry.fingerprint)
-        return entry, profile, version, device
-    raise DeviceError(f"no engine of the bundle fits this device ({' | '.join(problems)}); rebuild on this device with `vitdeploy build-engine {bundle.root}`")
-
-
-def _tensorrt_runner(entry: EngineEntry) -> Any:
-    # The runner checks the fingerprint again (cheap) and picks, per call, the profile covering the
-    # batch's shape; the batch limits above keep every call inside the profile chosen here.
-    from .tensorrt import TensorRTRunner
-
-    return TensorRTRunner(entry.dir)

@@ -1,9 +1,9 @@
-"""ONNX Runtime runner (CPU; CUDA and TensorRT execution providers when present)."""
+"""ONNX Runtime runner (CPU; CUDA and TensorRT execution providers when present): every input of the
+graph by name (``run``), one session for the runner's life."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -84,7 +84,8 @@ class OrtRunner(Runner):
         # and silently falls back; only the session knows what it really uses.
         used = self.session.get_providers()
         device = "cuda:0" if "CUDAExecutionProvider" in used or "TensorrtExecutionProvider" in used else "cpu"
-        self._input = self.session.get_inputs()[0]
+        self._inputs = list(self.session.get_inputs())
+        self._input_names = [i.name for i in self._inputs]
         self._outputs = [o.name for o in self.session.get_outputs()] + list(extra_outputs)
         self.info = RunnerInfo(
             backend="onnxruntime",
@@ -100,23 +101,16 @@ class OrtRunner(Runner):
         )
 
     def inputs(self) -> list[TensorInfo]:
-        dtype = _ORT_TYPES.get(self._input.type, self._input.type)
-        return [TensorInfo(self._input.name, dtype, tuple(self._input.shape))]
+        return [TensorInfo(i.name, _ORT_TYPES.get(i.type, i.type), tuple(i.shape)) for i in self._inputs]
+
+    def input_names(self) -> list[str]:
+        return list(self._input_names)
 
     def outputs(self) -> list[str]:
         return list(self._outputs)
 
-    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        return self._session_run(self._outputs, {self._input.name: batch})
-
-    def run_feeds(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """Every input by name (a variable-size graph: images and valid_hw) -> the named outputs."""
-        start = time.perf_counter()
-        out = self._session_run(list(outputs) if outputs is not None else self._outputs, dict(feeds))
-        self.last_latency_s = time.perf_counter() - start
-        return out
-
-    def _session_run(self, names: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _execute(self, feeds: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
+        names = outputs if outputs is not None else self._outputs
         try:
             values = self.session.run(names, feeds)
         except Exception as exc:  # ORT's Fail/InvalidArgument carry the real reason in their text

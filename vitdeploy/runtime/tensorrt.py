@@ -7,8 +7,7 @@ every input's shape is selected per call; shapes outside every profile are refus
 profiles named.
 
 Engines take the image batch, and a variable-size bundle's engine also ``valid_hw`` [B, 2] int32:
-``run_feeds`` feeds every input by name (the variable-size Classifier's path); ``infer(images)``
-feeds the images plus the runner's ``fixed_inputs`` (what `profile` holds fixed per cell).
+``run(feeds)`` feeds every input by name, as every runner does (vitdeploy.runtime.base).
 """
 
 from __future__ import annotations
@@ -26,9 +25,8 @@ from .base import Runner, RunnerInfo, TensorInfo
 
 
 class TensorRTRunner(Runner):
-    def __init__(self, engine_dir: str | Path, device: int = 0, fixed_inputs: Mapping[str, np.ndarray] | None = None):
+    def __init__(self, engine_dir: str | Path, device: int = 0):
         self.engine_dir = Path(engine_dir)
-        self.fixed_inputs = {k: np.ascontiguousarray(v) for k, v in (fixed_inputs or {}).items()}
         self._rt = None
         self._buffers: dict[str, tuple[int, int]] = {}  # name -> (device ptr, capacity bytes)
         self._stream = self._start = self._end = None
@@ -98,9 +96,6 @@ class TensorRTRunner(Runner):
         }
         self._profiles = self._input_profiles[self._inputs[0]]  # the image input's, as engine.json records them
         self._active_profile = 0
-        unknown = sorted(set(self.fixed_inputs) - set(self._inputs[1:]))
-        if unknown:
-            raise UserError(f"engine {self.engine_dir} has no input {', '.join(unknown)} to hold fixed (its inputs: {', '.join(self._inputs)})")
 
     # -- Runner interface ---------------------------------------------------------------------
     def inputs(self) -> list[TensorInfo]:
@@ -133,26 +128,14 @@ class TensorRTRunner(Runner):
             self._buffers[name] = (ptr, nbytes)
         return ptr
 
-    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        missing = [n for n in self._inputs[1:] if n not in self.fixed_inputs]
-        if missing:
-            raise UserError(f"engine {self.engine_dir} takes ({', '.join(self._inputs)}); feed {', '.join(missing)} with run_feeds "
-                            "(the variable-size Classifier does) or hold it fixed with fixed_inputs")
-        return self.run_feeds({self._inputs[0]: batch, **self.fixed_inputs})
+    def input_names(self) -> list[str]:
+        return list(self._inputs)
 
-    def run_feeds(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def _execute(self, feeds: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
         """Every input by name (images, and valid_hw for a variable-size engine) -> the outputs."""
-        import time
-
-        start = time.perf_counter()
-        arrays = self._checked_feeds(feeds)
-        out = self._execute(arrays)
-        self.last_latency_s = time.perf_counter() - start
-        return {k: out[k] for k in outputs} if outputs is not None else out
+        return self._copy_through(self._checked_feeds(feeds))
 
     def _checked_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if set(feeds) != set(self._inputs):
-            raise UserError(f"engine {self.engine_dir} takes inputs ({', '.join(self._inputs)}), got ({', '.join(feeds)})")
         arrays = {}
         for name in self._inputs:
             value, want = np.ascontiguousarray(feeds[name]), self._dtypes[name]
@@ -169,7 +152,7 @@ class TensorRTRunner(Runner):
             raise UserError("inputs disagree on the batch: " + ", ".join(f"{name} has {n} rows" for name, n in rows.items()))
         return arrays
 
-    def _execute(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _copy_through(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         rt = self._rt
         profile = self._profile_for({name: tuple(a.shape) for name, a in arrays.items()})
         stream = int(self._stream)
@@ -218,16 +201,3 @@ class TensorRTRunner(Runner):
 def _within(shape: tuple[int, ...], profile: Sequence[tuple[int, ...]]) -> bool:
     lo, _, hi = profile
     return len(shape) == len(lo) and all(a <= s <= b for a, s, b in zip(lo, shape, hi))
-
-
-def matching_engines(bundle_root: str | Path, trt_version: str | None, device: Any | None) -> list[tuple[Path, list[str]]]:
-    """Every engine folder of a bundle with the reasons it cannot run here (empty list: it can)."""
-    found = []
-    for engine_json in sorted(Path(bundle_root).glob(f"engines/*/{fp.FINGERPRINT_FILE}")):
-        try:
-            record = fp.read_fingerprint(engine_json.parent)
-        except UserError as exc:
-            found.append((engine_json.parent, [str(exc)]))
-            continue
-        found.append((engine_json.parent, fp.mismatches(record, device, trt_version)))
-    return found

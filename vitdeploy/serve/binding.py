@@ -3,8 +3,12 @@
 Nothing here computes anything of its own: ``Classifier.load`` picks the backend exactly as
 `vitdeploy predict` does (a TensorRT engine whose fingerprint matches this device, else ONNX
 Runtime), and each Triton execution is one call of that classifier's runner on the batch Triton
-formed. The input and outputs are the graph's own (``vitdeploy.triton.model_tensors``), so a client
-written for a production Triton loading the generated repository works here unchanged.
+formed. The inputs and outputs are the graph's own (``vitdeploy.triton.model_tensors``), so a client
+written for a production Triton loading the generated repository works here unchanged: one image
+input, or for a variable-size bundle ``images`` (each image top-left in the canvas) and ``valid_hw``
+(each one's height and width). As a production Triton does, the values go to the graph as sent; the
+graph floors and clamps valid sizes (never NaN), and a client fits its images into the canvas as
+`predict` does (vitdeploy.contract.InputContract.feeds, or the C++ host library's canvas).
 """
 
 from __future__ import annotations
@@ -56,11 +60,9 @@ def signature(clf: Any, opts: ServeOptions) -> ModelSignature:
         kind = "gpu" if str(getattr(clf.runner.info, "device", "cpu")).startswith("cuda") else "cpu"
         triton_opts = TritonOptions(backend="onnxruntime", max_batch=opts.max_batch, precision=clf.precision, kind=kind, name=opts.name)
     inputs, outputs = model_tensors(clf.bundle, triton_opts)
-    if len(inputs) != 1:
-        raise UserError(
-            f"the graph has {len(inputs)} inputs ({', '.join(t.name for t in inputs)}); `vitdeploy serve` binds graphs with one "
-            "image input. Serve this one from `vitdeploy triton-repo` on a Triton with the onnxruntime or tensorrt backend"
-        )
+    if sorted(t.name for t in inputs) != sorted(clf.contract.input_names):
+        raise UserError(f"the graph takes inputs ({', '.join(t.name for t in inputs)}); the bundle's manifest describes "
+                        f"({', '.join(clf.contract.input_names)}): re-export the bundle")
     for tensor in inputs + outputs:
         if tensor.shape and tensor.shape[0] is not None:
             raise UserError(
@@ -85,14 +87,14 @@ class BatchRunner:
 
     def __init__(self, clf: Any, sig: ModelSignature):
         self.clf = clf
-        self.input = sig.inputs[0]
+        self.inputs = sig.inputs
         self.outputs = sig.outputs
 
     def __call__(self, requests: Sequence[Dict[str, np.ndarray]]) -> List[Dict[str, np.ndarray]]:
-        arrays = [np.asarray(request[self.input.name]) for request in requests]
-        counts = [len(a) for a in arrays]
-        batch = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-        results = self.run(batch)
+        counts = [len(np.asarray(request[self.inputs[0].name])) for request in requests]
+        feeds = {t.name: np.concatenate([np.asarray(request[t.name]) for request in requests], axis=0) if len(requests) > 1
+                 else np.asarray(requests[0][t.name]) for t in self.inputs}
+        results = self.run(feeds)
         replies = []
         start = 0
         for count in counts:
@@ -100,11 +102,11 @@ class BatchRunner:
             start += count
         return replies
 
-    def run(self, batch: np.ndarray) -> Dict[str, np.ndarray]:
-        count = len(batch)
-        if count < self.clf.min_batch:  # an engine profile that needs more rows: pad, then drop them
-            batch = np.concatenate([batch, np.repeat(batch[-1:], self.clf.min_batch - count, axis=0)], axis=0)
-        produced = self.clf.runner.infer(np.ascontiguousarray(batch))
+    def run(self, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        count = self.clf.contract.rows(feeds)
+        # an engine profile that needs more rows: padded with copies of the last, then dropped
+        padded = self.clf.contract.pad_rows({k: np.ascontiguousarray(v) for k, v in feeds.items()}, self.clf.min_batch)
+        produced = self.clf.runner.run(padded)
         missing = [t.name for t in self.outputs if t.name not in produced]
         if missing:
             raise RuntimeError(f"the runner returned no {', '.join(missing)} (it returned {', '.join(sorted(produced))})")
