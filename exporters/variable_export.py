@@ -109,30 +109,26 @@ def _validate(opts: Any) -> None:
 
 
 def verify_invariance(bundle: Bundle, loaded: LoadedModel, log: Callable[[str], None], count: int = 8) -> dict[str, Any]:
-    """ORT on one padded mixed-size batch vs PyTorch on each image alone at its own size."""
+    """ORT on one padded mixed-size batch vs PyTorch on each image alone at its own size (the one per-image
+    reference: TorchRunner with the bundle's input contract, as `check` and `evaluate` use it)."""
     from vitdeploy.compare import FP32_SPREAD_LIMIT, compare_outputs
+    from vitdeploy.contract import InputContract
     from vitdeploy.runtime.ort import OrtRunner
 
-    from .regrid import regrid_static
-    from .torch_runner import TorchRunner
+    from .torch_runner import TorchRunner, position_rule
 
     spec = loaded.spec
-    canvas = (bundle.resolution["height"], bundle.resolution["width"])
-    interp = bundle.manifest["resolution"]["pos_embed_interpolation"]
-    from vitdeploy.posembed import PosEmbedInterpolation
-
-    rule = PosEmbedInterpolation.from_dict({k: v for k, v in interp.items() if k != "description"})
+    contract = InputContract.from_bundle(bundle)
+    canvas = tuple(contract.size)
     sizes = mixed_sizes(canvas, tuple(spec.patch_size), tuple(spec.image_size), count)
     check_sizes_for_canvas(np.array(sizes), canvas, tuple(spec.patch_size))
     rng = np.random.default_rng(0)
     crops = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
     batch, valid = padded_batch(crops, canvas)
-    runner = OrtRunner(bundle.artifact_path("fp32"))
-    got = runner.session.run(None, {"images": batch, VALID_INPUT: valid})[0]
-    ref = np.concatenate([
-        TorchRunner(regrid_static(loaded, h, w, rule), bundle.preprocessing).infer(crop[None])["logits"]
-        for (h, w), crop in zip(sizes, crops)
-    ])
+    feeds = {contract.image_input: batch, VALID_INPUT: valid}
+    with OrtRunner(bundle.artifact_path("fp32")) as runner:
+        got = runner.run(feeds, outputs=("logits",))["logits"]
+    ref = TorchRunner(loaded, bundle.preprocessing, contract=contract, rule=position_rule(bundle)).run(feeds, outputs=("logits",))["logits"]
     stats = compare_outputs("logits", ref, got)
     finite = bool(np.isfinite(got).all())
     ok = (stats.max_abs <= LIMIT_MAX_ABS and (stats.max_abs_over_spread is None or stats.max_abs_over_spread <= FP32_SPREAD_LIMIT)
