@@ -365,26 +365,29 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
 def _two_input_runs(ref: Any, low: Any, bundle: Any, names: tuple[str, ...]) -> Any:
     """For a variable-size graph, a function images -> (original outputs, lowered outputs) that feeds
     both graphs the same seeded whole-patch ``valid_hw`` (the canvas, one patch, then random sizes):
-    the mask and the per-image position tables are what the lowering must keep. None for one input."""
-    inputs = [i.name for i in ref.session.get_inputs()]
+    the mask and the per-image position tables are what the lowering must keep. None for one input.
+    The input names, canvas and patch come from the bundle's input contract."""
+    from ..contract import InputContract
+
+    inputs = tuple(i.name for i in ref.session.get_inputs())
     if len(inputs) == 1:
         return None
-    contract = (bundle.preprocessing.get("variable_size") if bundle is not None else None) or {}
-    if not contract or inputs[1:] != [contract.get("valid_input", "valid_hw")]:
-        raise LoweringError(f"cannot verify a graph with inputs {inputs}: vitdeploy feeds (images) or, for variable-size bundles, (images, valid_hw)")
-    canvas, patch = contract["canvas"], contract["round_to"]
-    grid_h, grid_w = canvas[0] // patch[0], canvas[1] // patch[1]
+    contract = InputContract.from_bundle(bundle) if bundle is not None else None
+    if contract is None or not contract.mixes_sizes or set(inputs) != set(contract.input_names):
+        raise LoweringError(f"cannot verify a graph with inputs {list(inputs)}: vitdeploy feeds (images) or, for variable-size bundles, (images, valid_hw)")
+    (canvas_h, canvas_w), patch = contract.size, contract.patch
+    grid_h, grid_w = canvas_h // patch[0], canvas_w // patch[1]
+    image_name, valid_name = contract.input_names
 
     def run(images: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         rng = np.random.default_rng(0)
         grids = rng.integers(1, [grid_h + 1, grid_w + 1], size=(len(images), 2))
         grids[:2] = [[grid_h, grid_w], [1, 1]][: len(images)]
-        valid = (grids * np.array(patch)).astype(np.int32)
+        feeds = {image_name: images, valid_name: (grids * np.array(patch)).astype(np.int32)}
         outs = []
         for runner in (ref, low):
-            parts = [runner.session.run(list(names), {inputs[0]: images[i:i + 16], inputs[1]: valid[i:i + 16]})
-                     for i in range(0, len(images), 16)]
-            outs.append({n: np.concatenate([p[k] for p in parts]) for k, n in enumerate(names)})
+            parts = [runner.run(contract.take(feeds, i, i + 16), outputs=names) for i in range(0, len(images), 16)]
+            outs.append({n: np.concatenate([p[n] for p in parts]) for n in names})
         return outs[0], outs[1]
 
     return run
