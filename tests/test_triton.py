@@ -130,3 +130,35 @@ def test_digits_bundle_repository_for_both_backends(digits_bundle, copy_bundle, 
     trt = parse(write_triton_repo(bundle, tmp_path / "trt", TritonOptions(backend="tensorrt", dynamic_batching=True)))
     assert trt.platform == "tensorrt_plan" and trt.max_batch_size == 32 and list(trt.input[0].dims) == [32, 32, 3]
     assert (tmp_path / "trt" / bundle.name / "labels.txt").read_text().split() == [str(k) for k in range(10)]
+
+
+def test_a_model_folder_vitdeploy_did_not_write_is_refused_whole(bundle, tmp_path):
+    """OUT/<model> is replaced whole: another version folder, a stranger's model of that name, a bundle
+    given as OUT or a file as OUT are refused in one line and left byte for byte."""
+    runner = CliRunner()
+    out = tmp_path / "models"
+    model = write_triton_repo(bundle, out, TritonOptions())
+    (model / "2").mkdir()
+    (model / "2" / "model.onnx").write_bytes(b"their version 2")
+    foreign_model = out / "other"
+    foreign_model.mkdir()
+    (foreign_model / "config.pbtxt").write_text('name: "other"\n')
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("keep me")
+    for args, what in [
+        ([str(out)], "holds 2, which vitdeploy triton-repo did not write"),
+        ([str(out), "--name", "other"], "did not write"),  # no provenance: someone else's model
+        ([str(bundle.root)], "inside the bundle"),
+        ([str(a_file)], "is a file"),
+    ]:
+        result = runner.invoke(main, ["triton-repo", str(bundle.root), *args])
+        assert result.exit_code == 1 and what in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert (model / "2" / "model.onnx").read_bytes() == b"their version 2"
+    assert (foreign_model / "config.pbtxt").read_text() == 'name: "other"\n' and a_file.read_text() == "keep me"
+    # a repository triton-repo wrote is rewritten in place
+    (model / "2" / "model.onnx").unlink()
+    (model / "2").rmdir()
+    result = runner.invoke(main, ["triton-repo", str(bundle.root), str(out), "--max-batch", "4"])
+    assert result.exit_code == 0, result.output
+    assert parse(model).max_batch_size == 4

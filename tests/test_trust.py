@@ -437,7 +437,9 @@ def test_folder_predict_names_a_bad_file_and_goes_on(digits_bundle, tmp_path: Pa
 
 def test_usage_errors_are_one_line_with_exit_2(tmp_path: Path, digits_bundle) -> None:
     for args in (["export", "--no-such-option"], ["predict"], ["nosuchcommand"], ["profile", digits_bundle.root, "--batch", "x"],
-                 ["export", "-o", tmp_path / "b", "--canvas", "32x32"], ["convert", digits_bundle.root]):
+                 ["export", "-o", tmp_path / "b", "--canvas", "32x32"], ["convert", digits_bundle.root],
+                 ["check", digits_bundle.root, "--fp32-max-abs", "-1"], ["check", digits_bundle.root, "--top1-min", "1.5"],
+                 ["check", digits_bundle.root, "--max-accuracy-drop", "-2"]):
         one_line(cli(*args), 2)
 
 

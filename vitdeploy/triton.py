@@ -76,6 +76,7 @@ def write_triton_repo(bundle: str | Path | Bundle, out: str | Path, options: Tri
     if classifies and len(labels) != bundle.spec.num_classes:
         raise ConfigError(f"bundle {bundle.root} has {len(labels)} labels for {bundle.spec.num_classes} classes; re-export it")
     model_dir = Path(out) / name
+    check_repo_target(Path(out), model_dir, bundle)
     with staged_directory(model_dir) as stage:
         (stage / "1").mkdir()
         for src in artifact:
@@ -86,6 +87,44 @@ def write_triton_repo(bundle: str | Path | Bundle, out: str | Path, options: Tri
             atomic_write_text(stage / LABELS_FILE, "".join(f"{label}\n" for label in labels))
         atomic_write_json(stage / "vitdeploy.json", provenance)
     return model_dir
+
+
+# -- where it writes ---------------------------------------------------------------------------
+_OWN_FILES = frozenset({"config.pbtxt", LABELS_FILE, "vitdeploy.json"})  # and "1/", the version folder
+
+
+def check_repo_target(out: Path, model_dir: Path, bundle: Bundle) -> None:
+    """OUT/<model> is staged and swapped in whole, so refuse, in one line and before anything is written,
+    an OUT that is a file or a bundle, and a model folder holding anything a previous triton-repo did
+    not write (another version folder, a hand-edited model, someone else's model of that name)."""
+    from .bundle import FORMAT, MANIFEST
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file, not a folder; give the model repository's folder (nothing was written)")
+    if out.resolve() == bundle.root.resolve() or bundle.root.resolve() in out.resolve().parents:
+        raise UserError(f"{out} is inside the bundle {bundle.root}; write the model repository to another folder (nothing was written)")
+    try:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8")) if (out / MANIFEST).is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        manifest = None
+    if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
+        raise UserError(f"{out} is a vitdeploy bundle, not a model repository; write the repository to another folder (nothing was written)")
+    if not model_dir.exists() and not model_dir.is_symlink():
+        return
+    if model_dir.is_symlink() or not model_dir.is_dir():
+        raise UserError(f"{model_dir} exists and is not a folder vitdeploy wrote; choose another --name or OUT (nothing was written)")
+    entries = sorted(model_dir.iterdir())
+    if not entries:
+        return
+    foreign = [e.name for e in entries if not ((e.name in _OWN_FILES and e.is_file()) or (e.name == "1" and e.is_dir()))]
+    version = model_dir / "1"
+    if not foreign and version.is_dir():
+        foreign = [f"1/{e.name}" for e in sorted(version.iterdir()) if not e.is_file()]
+    if not foreign and not (model_dir / "vitdeploy.json").is_file():
+        foreign = [entries[0].name]  # no provenance: not written by triton-repo
+    if foreign:
+        raise UserError(f"{model_dir} holds {foreign[0]}, which vitdeploy triton-repo did not write; the model folder is replaced "
+                        "whole, so move it away, or choose another --name or OUT (nothing was written)")
 
 
 # -- options -----------------------------------------------------------------------------------
