@@ -90,7 +90,7 @@ test-fast: setup
 
 test: test-envs
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25
 	$(MAKE) test-compat
 
 clean:

@@ -291,8 +291,8 @@ exec "{VITDEPLOY}" "$@"
     assert [p.name for p in bundle.rglob(".*")] == [".vitdeploy-hashes.json"], "no staging leftovers"
 
 
-def test_one_line_errors(ssh_env: Device, digits_bundle: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    bundle = str(digits_bundle.root)
+def test_one_line_errors(ssh_env: Device, digits_bundle: Any, copy_bundle: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    bundle = str(copy_bundle(digits_bundle))  # an --on run keeps its hash manifest in the local bundle
     common = ("--dry-run", "--remote-dir", str(tmp_path / "device"))
 
     def error_line(*args: str) -> str:
@@ -405,15 +405,16 @@ def test_engine_fingerprint_names_the_machine_that_built_it():
     assert record["built_on"] == socket.gethostname()
 
 
-def test_predict_on_copies_the_images_and_answers_like_a_local_run(ssh_env: Device, digits_bundle: Any, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch):
+def test_predict_on_copies_the_images_and_answers_like_a_local_run(ssh_env: Device, digits_bundle: Any, copy_bundle: Any,
+                                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import numpy as np
     from PIL import Image
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "imgs").mkdir()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "imgs" / "a.png")
-    args = ("predict", str(digits_bundle.root), "imgs/a.png", "--top-k", "2", "--json", "--backend", "onnxruntime")
+    bundle = copy_bundle(digits_bundle)  # an --on run keeps its hash manifest in the local bundle
+    args = ("predict", str(bundle), "imgs/a.png", "--top-k", "2", "--json", "--backend", "onnxruntime")
     here = _invoke(*args)
     there = _invoke(*args, "--on", ssh_env.on, "--remote-vitdeploy", VITDEPLOY, "--remote-dir", str(tmp_path / "device"))
     assert here.exit_code == 0 and there.exit_code == 0, there.output
