@@ -20,7 +20,7 @@ from typing import Any, Callable
 from vitdeploy import onnx_io
 from vitdeploy.bundle import ARTIFACT_FILES, Bundle
 from vitdeploy.errors import CheckFailed, UserError
-from vitdeploy.fileio import sha256_file
+from vitdeploy.fileio import sha256_file, signals_deferred
 from vitdeploy.lazy import require
 
 from .evaluate import GATED_EXECUTION, Gate, graph_outputs, latency_ms, load_eval_data
@@ -220,8 +220,9 @@ def calibrate_bundle(
         if sanity is not None:
             record["sanity"] = sanity
         dst = bundle.root / ARTIFACT_FILES["int8"]
-        onnx_io.copy(graph, dst)  # the graph and its data file, atomically, the data file renamed after dst
-        bundle.add_artifact("int8", dst, record)
+        with signals_deferred():  # the graph, its data file and the manifest's record land together
+            onnx_io.copy(graph, dst)  # atomically, the data file renamed after dst
+            bundle.add_artifact("int8", dst, record)
     return bundle.artifact_record("int8")
 
 

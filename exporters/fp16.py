@@ -134,7 +134,8 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
         record["range_pass"]["images"] = images
         if log is not None:
             log(describe(record["range_pass"]))
-    with onnx_io.staged(dst) as tmp:  # graph and data file land together, after the gates below
+    # graph, data file and the manifest's record land together, after the gates below
+    with onnx_io.staged(dst, then=lambda: bundle.add_artifact("fp16", dst, record)) as tmp:
         record.update(onnx_io.save(model, tmp, manifest=bundle.manifest))
         del model  # on disk now: the sanity and gate sessions below run from the files
         if bundle.variable_size:
@@ -148,7 +149,6 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
         # labelled range data gates accuracy too; the digits training split is gated on its test split
         labelled = eval_data or ("digits:test" if data == "digits:train" else data if data is not None and _labelled(data) else None)
         record["gate"] = gate_fp16(src, tmp, bundle, labelled, threads)
-    bundle.add_artifact("fp16", dst, record)
     return dst
 
 

@@ -311,8 +311,72 @@ def test_sigterm_during_export_is_one_line_and_leaves_nothing(tmp_path: Path) ->
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert [line for line in err.strip().splitlines() if line.startswith(("terminated", "error"))] == \
-        ["terminated (SIGTERM): nothing was written (artifacts are replaced atomically)"]
+        ["terminated (SIGTERM): stopped; no file is half-written (each lands whole, with its manifest record, or not at all)"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_while_files_land_is_held_until_they_agree(digits_bundle, copy_bundle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C between a command's report files (or a graph and its manifest record) would leave them
+    disagreeing: the signal is held until the set has landed, then acts (exit 130, one line)."""
+    import vitdeploy.checks.run as check_run
+    from vitdeploy.fileio import atomic_write_json as real_write
+
+    root = copy_bundle(digits_bundle)
+
+    def write_then_interrupt(path, obj):
+        written = real_write(path, obj)
+        os.kill(os.getpid(), signal.SIGINT)  # arrives after the report, before the manifest records it
+        return written
+
+    monkeypatch.setattr(check_run, "atomic_write_json", write_then_interrupt)
+    result = cli("check", root, "--images", "4", "--limit", "20")
+    assert result.exit_code == 130 and "interrupted: stopped; no file is half-written" in result.output, result.output
+    manifest = json.loads((root / "manifest.json").read_text())
+    report = json.loads((root / "reports" / "check.json").read_text())
+    assert manifest["records"]["check"]["created"] == report["created"]  # the record names this very report
+
+
+def test_an_interrupt_python_swallowed_still_stops_before_anything_lands(digits_bundle, copy_bundle, monkeypatch) -> None:
+    """Python drops an exception raised in __del__ or a weakref callback (torch's GC hooks): a Ctrl-C
+    landing there must still stop the command before its files land, silently and in one line."""
+    import vitdeploy.checks.run as check_run
+
+    root = copy_bundle(digits_bundle)
+    before = snapshot(root)
+
+    class InterruptedWhileCollected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)  # the handler raises here, inside __del__: Python drops it
+
+    real = check_run._versions
+
+    def versions_then_gc():
+        InterruptedWhileCollected()  # collected at once
+        return real()
+
+    monkeypatch.setattr(check_run, "_versions", versions_then_gc)
+    result = cli("check", root, "--images", "4", "--limit", "20")
+    assert result.exit_code == 130, result.output
+    assert "Exception ignored" not in result.output and result.output.strip().splitlines()[-1].startswith("interrupted: ")
+    assert snapshot(root) == before
+
+
+def test_a_graph_and_its_manifest_record_land_in_one_step(digits_bundle, copy_bundle) -> None:
+    from vitdeploy import onnx_io
+
+    bundle = Bundle.open(copy_bundle(digits_bundle))
+    dst = bundle.root / "model.fp16.onnx"
+    record: dict = {}
+
+    def record_it() -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # held: the manifest is still written below
+        bundle.add_artifact("fp16", dst, record)
+
+    with pytest.raises(KeyboardInterrupt):
+        with onnx_io.staged(dst, then=record_it) as tmp:
+            shutil.copyfile(bundle.artifact_path("fp32"), tmp)
+    assert Bundle.open(bundle.root).artifact_path("fp16") == dst  # on disk, recorded, and its hash verifies
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 @pytest.mark.slow

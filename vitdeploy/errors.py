@@ -43,3 +43,8 @@ class InternalError(VitDeployError):
     """A broken invariant inside vitdeploy: a bug to report, not a user mistake."""
 
     exit_code = 3
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a service manager, `kill`, a CI timeout): unwound like Ctrl-C, so every staged or
+    temporary file is removed on the way out, then reported as 143 (128 + SIGTERM)."""

@@ -12,12 +12,14 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import UserError
+from .errors import Terminated, UserError
 
 
 def _default_mode(kind: str) -> int:
@@ -91,6 +93,59 @@ def atomic_write_json(target: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
+_held: dict[str, Any] = {"depth": 0, "caught": [], "previous": {}}  # the one deferral scope of this process
+_unwinding: list[int] = []  # signals whose exception was raised and not yet reported (see raise_if_interrupted)
+
+
+def note_interrupt(signum: int) -> None:
+    """A signal handler raised for ``signum``: remembered until the command reports it."""
+    _unwinding.append(signum)
+
+
+def interrupted() -> int | None:
+    """The signal raised for and not yet reported, if any (clear it with :func:`forget_interrupt`)."""
+    return _unwinding[0] if _unwinding else None
+
+
+def forget_interrupt() -> None:
+    _unwinding.clear()
+
+
+def raise_if_interrupted() -> None:
+    """Raise again an interruption some code swallowed. Python drops exceptions raised inside weakref
+    callbacks and ``__del__`` (torch's GC hooks run them at any moment), so a Ctrl-C can land there and
+    be lost; every commit point asks first, so no file lands after the user said stop."""
+    if _unwinding:
+        raise Terminated() if _unwinding[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while files that must agree land together - a graph and the manifest that
+    vouches for it, a command's reports and the record naming them - and re-deliver the first one when
+    the outermost such block ends, so an interruption leaves all of them or none. Blocks nest; only the
+    main thread receives signals, elsewhere this does nothing. Keep the block to renames and small writes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _held["depth"] == 0:
+        raise_if_interrupted()
+        _held["caught"], _held["previous"] = [], {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is not None:  # None: a handler Python did not install, left alone
+                _held["previous"][sig] = signal.signal(sig, lambda number, _frame: _held["caught"].append(number))
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+        if _held["depth"] == 0:
+            for sig, handler in _held["previous"].items():
+                signal.signal(sig, handler)
+            for number in _held["caught"][:1]:
+                os.kill(os.getpid(), number)
+
+
 def json_default(obj: Any) -> Any:
     # numpy scalars and arrays show up in reports; keep them readable without importing numpy here.
     if hasattr(obj, "tolist"):
@@ -151,11 +206,13 @@ def remove_stale_staging(target: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def staged_directory(target: str | os.PathLike, before_swap: Callable[[], None] | None = None) -> Iterator[Path]:
+def staged_directory(target: str | os.PathLike, before_swap: Callable[[], None] | None = None,
+                     then: Callable[[], None] | None = None) -> Iterator[Path]:
     """Build a whole directory in a sibling staging folder, then swap it in.
 
     The previous directory stays intact until the new one is complete; the swap is two renames.
-    ``before_swap`` runs just before them (export re-checks that the target is still its to replace).
+    ``before_swap`` runs just before them (export re-checks that the target is still its to replace);
+    ``then`` (recording the folder in a manifest) runs with the swap in one signal-free step.
     Staging folders that killed runs left beside the target are removed first.
     """
     target = Path(target)
@@ -170,7 +227,10 @@ def staged_directory(target: str | os.PathLike, before_swap: Callable[[], None] 
         yield staging
         if before_swap is not None:
             before_swap()
-        swap_dir(staging, target)
+        with signals_deferred():
+            swap_dir(staging, target)
+            if then is not None:
+                then()
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -35,13 +35,12 @@ import contextlib
 import hashlib
 import os
 import shutil
-import signal
 import tempfile
-import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import InternalError, UserError
+from .fileio import signals_deferred
 from .onnx_wire import (MIN_EXTERNAL_TENSOR_BYTES, Hashing, Sources, external_info, is_external, plan, set_field, stub, tensor_bytes,
                         write_model)
 
@@ -181,10 +180,12 @@ def save(model: Any, path: str | os.PathLike, threshold_bytes: int | None = None
 
 
 @contextlib.contextmanager
-def staged(target: str | os.PathLike) -> Iterator[Path]:
+def staged(target: str | os.PathLike, then: Callable[[], None] | None = None) -> Iterator[Path]:
     """A path named like ``target`` in a hidden folder beside it: write (and check) a graph there; when
     the block ends without an error the graph and its data file replace ``target``'s in one step
-    (the data file's name is the graph's, so the graph needs no rewriting to move)."""
+    (the data file's name is the graph's, so the graph needs no rewriting to move). ``then`` (e.g.
+    recording the graph in the bundle's manifest) runs in the same signal-free step, so an interruption
+    never leaves a new graph beside a manifest that vouches for the old one."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -197,7 +198,10 @@ def staged(target: str | os.PathLike) -> Iterator[Path]:
         if not path.is_file():
             raise InternalError(f"staged: nothing was written at {path}")
         data = data_file(path)
-        _commit(path, target, data if data.is_file() else None, data_file(target))
+        with signals_deferred():
+            _commit(path, target, data if data.is_file() else None, data_file(target))
+            if then is not None:
+                then()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -357,7 +361,7 @@ def _commit(graph_tmp: Path, graph: Path, data_tmp: Path | None, data: Path) -> 
     The old graph is first moved aside, so at no moment does a graph name a data file written for
     another graph: an interruption (power loss) leaves the old pair, no graph, or the new pair.
     """
-    with _signals_deferred():
+    with signals_deferred():
         aside = None
         if data_tmp is not None and graph.exists():
             aside = graph.with_name(f".{graph.name}.old.{os.getpid()}")
@@ -370,26 +374,6 @@ def _commit(graph_tmp: Path, graph: Path, data_tmp: Path | None, data: Path) -> 
         if data_tmp is None:  # a single-file graph now: the old one's data file is stale
             with contextlib.suppress(FileNotFoundError):
                 data.unlink()
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while a few renames run; re-deliver them after (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous: dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(sig) is not None:  # None: a handler Python did not install, left alone
-            previous[sig] = signal.signal(sig, lambda number, _frame: caught.append(number))
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for number in caught[:1]:
-            os.kill(os.getpid(), number)
 
 
 __all__ = ["DATA_SUFFIX", "DEFAULT_THRESHOLD_BYTES", "THRESHOLD_ENV", "check_files", "copy", "data_file", "file_record",

@@ -21,7 +21,7 @@ from ..bundle import Bundle
 from ..compare import accuracy
 from ..contract import InputContract
 from ..errors import UserError
-from ..fileio import atomic_write_json, sha256_cached
+from ..fileio import atomic_write_json, sha256_cached, signals_deferred
 from .localise import localise
 from .protocol import protocol_evidence
 from .score import Reference, batch_consistency, score, summary
@@ -173,9 +173,10 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
         "passed": not failures,
     }
     if opts.write_report and bundle.bare_onnx is None:
-        atomic_write_json(bundle.reports_dir() / "check.json", report)
-        bundle.set_record("check", {"passed": report["passed"], "created": report["created"], "report": "reports/check.json",
-                                    "graphs": {a["precision"]: a["sha256"] for a in artifacts if a.get("sha256")}})
+        with signals_deferred():  # the report and the manifest's record of it land together
+            atomic_write_json(bundle.reports_dir() / "check.json", report)
+            bundle.set_record("check", {"passed": report["passed"], "created": report["created"], "report": "reports/check.json",
+                                        "graphs": {a["precision"]: a["sha256"] for a in artifacts if a.get("sha256")}})
     return report
 
 

@@ -124,17 +124,19 @@ def _write(bundle_path, report, out_dir, plot):
 
     from ..bundle import Bundle
     from ..evaluate.report import write_reports
+    from ..fileio import signals_deferred
 
     bundle = Bundle.open(bundle_path)
     target = Path(out_dir) if out_dir is not None else bundle.reports_dir()
     if out_dir is None and bundle.bare_onnx is not None:
         target = bundle.bare_onnx.parent / "reports"
-    paths = write_reports(report, target, plot=plot)
-    if out_dir is None and bundle.bare_onnx is None:
-        bundle.set_record("evaluate", {
-            "created": report["created"], "report": str(paths["json"].relative_to(bundle.root)),
-            "data": report["data"]["source"], "graph_sha256": bundle.artifact_record("fp32").get("sha256"),
-            "clean_accuracy": {s: r["clean"]["accuracy"] for s, r in report["results"].items()},
-            "flags": len(report["flags"]),
-        })
+    with signals_deferred():  # the reports and the manifest's record of them land together
+        paths = write_reports(report, target, plot=plot)
+        if out_dir is None and bundle.bare_onnx is None:
+            bundle.set_record("evaluate", {
+                "created": report["created"], "report": str(paths["json"].relative_to(bundle.root)),
+                "data": report["data"]["source"], "graph_sha256": bundle.artifact_record("fp32").get("sha256"),
+                "clean_accuracy": {s: r["clean"]["accuracy"] for s, r in report["results"].items()},
+                "flags": len(report["flags"]),
+            })
     return paths

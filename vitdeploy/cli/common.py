@@ -16,30 +16,50 @@ from typing import Any
 
 import click
 
-from ..errors import VitDeployError
+from ..errors import Terminated, VitDeployError
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a service manager, `kill`, a CI timeout): unwound like Ctrl-C, so every staged or
-    temporary file is removed on the way out, then reported as 143 (128 + SIGTERM)."""
+# True for every command: a file and the manifest record that vouches for it land in one signal-free step
+# (fileio.signals_deferred), so an interruption finds each either as it was or whole and recorded.
+_WHAT_IS_LEFT = "stopped; no file is half-written (each lands whole, with its manifest record, or not at all)"
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    from ..fileio import note_interrupt
+
+    note_interrupt(signum)  # remembered, in case the exception lands where Python swallows it
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _swallowed_interrupts_are_silent(unraisable: Any, previous: Any = sys.unraisablehook) -> None:
+    """An interrupt raised inside a weakref callback or __del__ is dropped by Python with an "Exception
+    ignored" traceback; it is raised again at the next commit point (fileio.raise_if_interrupted)."""
+    if not (isinstance(unraisable.exc_type, type) and issubclass(unraisable.exc_type, KeyboardInterrupt)):
+        previous(unraisable)
 
 
 @contextlib.contextmanager
-def _sigterm_unwinds() -> Any:
-    """Turn SIGTERM into Terminated while a command runs, unless someone installed a handler already
-    (`serve` sets its own, to drain requests) or this is not the main thread (signals go there only)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+def _signals_unwind() -> Any:
+    """Turn SIGINT and SIGTERM into KeyboardInterrupt / Terminated while a command runs, unless someone
+    installed a handler already (`serve` sets its own, to drain requests; a background launcher ignores
+    SIGINT) or this is not the main thread (signals go there only)."""
+    from ..fileio import forget_interrupt
+
+    forget_interrupt()
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {}
+    for sig, stock in ((signal.SIGTERM, (signal.SIG_DFL, None)), (signal.SIGINT, (signal.default_int_handler,))):
+        if signal.getsignal(sig) in stock:
+            previous[sig] = signal.signal(sig, _raise_interrupt)
+    hook, sys.unraisablehook = sys.unraisablehook, _swallowed_interrupts_are_silent
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = hook
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def one_line(text: str) -> str:
@@ -78,25 +98,43 @@ class VitCommand(OneLineErrors, click.Command):
     """A Click command that maps VitDeployError to one clean line and a non-zero exit."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from ..fileio import interrupted
+
         try:
-            with _sigterm_unwinds():
-                return super().invoke(ctx)
+            with _signals_unwind():
+                result = super().invoke(ctx)
+                if interrupted() is None:
+                    return result
+                # a swallowed interrupt (see fileio.raise_if_interrupted) and the command still finished
+                raise Terminated() if interrupted() == signal.SIGTERM else KeyboardInterrupt()
         except VitDeployError as exc:
-            click.echo(f"error: {one_line(exc)}", err=True)
-            ctx.exit(exc.exit_code)
+            if interrupted() is None:
+                click.echo(f"error: {one_line(exc)}", err=True)
+                ctx.exit(exc.exit_code)
+            self._report_interrupt(ctx)
         except ImportError as exc:
+            if interrupted() is not None:  # a C extension's init cut short by the signal says "initialization failed"
+                self._report_interrupt(ctx)
             # An optional dependency missing below a lazy import: one line with what to install.
             from ..lazy import install_hint
 
             module = getattr(exc, "name", None) or str(exc)
             click.echo(f"error: {module} is needed for `{ctx.command.name}` but cannot be imported ({exc}); {install_hint(module)}", err=True)
             ctx.exit(1)
-        except Terminated:
-            click.echo("terminated (SIGTERM): nothing was written (artifacts are replaced atomically)", err=True)
+        except KeyboardInterrupt as exc:
+            self._report_interrupt(ctx, signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+
+    @staticmethod
+    def _report_interrupt(ctx: click.Context, signum: int = signal.SIGINT) -> None:
+        from ..fileio import forget_interrupt, interrupted
+
+        signum = interrupted() or signum
+        forget_interrupt()
+        if signum == signal.SIGTERM:
+            click.echo(f"terminated (SIGTERM): {_WHAT_IS_LEFT}", err=True)
             ctx.exit(143)
-        except KeyboardInterrupt:
-            click.echo("interrupted: nothing was written (artifacts are replaced atomically)", err=True)
-            ctx.exit(130)
+        click.echo(f"interrupted: {_WHAT_IS_LEFT}", err=True)
+        ctx.exit(130)
 
 
 def command(name: str, **kwargs: Any):

@@ -418,13 +418,15 @@ def bundle_graph(bundle: Any, source: Any, precision: str, rules: ParserRules, l
     model = onnx_io.load(source, weights=False)
     lowered, record = lower_for(model, rules)
     del model
-    with onnx_io.staged(dst) as tmp:
+    def record_it() -> None:  # in the same signal-free step as the graph's rename
+        if folder:
+            bundle.manifest.setdefault("parser_graphs", {})[key] = record
+            bundle.save()
+
+    with onnx_io.staged(dst, then=record_it) as tmp:
         written = onnx_io.save(lowered, tmp, source_dir=source.parent, manifest=bundle.manifest if folder else None)
         del lowered
         record["verification"] = verify(source, tmp, precision, bundle)
-    record.update({**written, "source": source.name,  # file, sha256, bytes (and the data file's)
-                   "source_sha256": source_sha, "precision": precision, "rules_source": rules.source})
-    if folder:
-        bundle.manifest.setdefault("parser_graphs", {})[key] = record
-        bundle.save()
+        record.update({**written, "source": source.name,  # file, sha256, bytes (and the data file's)
+                       "source_sha256": source_sha, "precision": precision, "rules_source": rules.source})
     return dst, record

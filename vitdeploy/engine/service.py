@@ -376,9 +376,6 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
         extra={"target": target, "dla_layers": result.dla_layers, "trtexec": cmd.argv, "parsed_graph": _parsed_graph(plan),
                "weights": weights_record(bundle.manifest.get("source"))},  # random weights say so (vitdeploy.weights)
     )
-    with staged_directory(engine_dir) as staging:
-        atomic_write_bytes(staging / fingerprint.PLAN_FILE, result.plan_bytes)
-        atomic_write_json(staging / fingerprint.FINGERPRINT_FILE, fp)
     record = {
         "dir": f"engines/{target}",
         "plan_sha256": plan_sha,
@@ -396,6 +393,15 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
         "strip_weights": plan.strip_weights,
         "built_at": fp["built_at"],
     }
+
+    def record_it() -> None:  # in the same signal-free step as the folder's swap
+        if bundle.bare_onnx is None:
+            bundle.manifest.setdefault("engines", {})[target] = record
+            bundle.save()
+
+    with staged_directory(engine_dir, then=record_it) as staging:
+        atomic_write_bytes(staging / fingerprint.PLAN_FILE, result.plan_bytes)
+        atomic_write_json(staging / fingerprint.FINGERPRINT_FILE, fp)
     lines = [
         f"engine: {engine_dir / fingerprint.PLAN_FILE} ({len(result.plan_bytes) / 1e6:.1f} MB, built in {result.seconds:.1f} s)",
         f"  for {device.gpu_name} (compute capability {device.compute_capability}) with TensorRT {caps.version}, "
@@ -404,10 +410,7 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
     if result.dla_layers:
         d = result.dla_layers
         lines.append(f"  DLA: TensorRT places {d['dla_capable']} of {d['layers']} layers on DLA; {len(d['gpu_only'])} run on the GPU")
-    if bundle.bare_onnx is None:
-        bundle.manifest.setdefault("engines", {})[target] = record
-        bundle.save()
-    else:
+    if bundle.bare_onnx is not None:
         lines.append("  (bare ONNX input: the engine is not recorded in a manifest)")
     if plan.profile_layers and bundle.bare_onnx is None:  # the per-layer view: run trtexec here, or say what to run
         from ..profile.layer_report import LayerRequest, run as run_layers

@@ -41,7 +41,7 @@ def run_occlusion_map(path: str | Path, inputs: Sequence[str], out_dir: str | Pa
     (overlays) and ``occlusion.json`` (the rule, what was compared, per-image clean target
     probability and mean sensitivity on foreground vs background where separable)."""
     from ..data import open_labelled
-    from ..fileio import atomic_path, atomic_write_json
+    from ..fileio import atomic_path, atomic_write_json, signals_deferred
     from ..images import load_images, to_channel_order
     from .occlusion import occlusion_maps, occlusion_rule, write_overlays
     from .transforms import background_mask
@@ -90,32 +90,33 @@ def run_occlusion_map(path: str | Path, inputs: Sequence[str], out_dir: str | Pa
         per_image.append(entry)
     both = [e for e in per_image if "foreground_mean" in e]
     out = Path(out_dir) if out_dir is not None else bundle.reports_dir() / "occlusion"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, array in (("occlusion.npy", maps), ("occlusion_signed.npy", result["signed"]), ("occlusion_targets.npy", result["targets"])):
-        with atomic_path(out / name, suffix=".npy") as tmp:
-            with open(tmp, "wb") as fh:
-                np.save(fh, array)
-    label = (lambda t: bundle.labels[t] if bundle.labels and t < len(bundle.labels) else str(t))
-    titles = [f"{names[i]} -> {label(int(result['targets'][i]))} p={result['clean_prob'][i]:.2f}" for i in range(len(images))]
-    shown = min(len(images), opts.overlays)
-    write_overlays(images[:shown], maps[:shown], titles[:shown], out / "occlusion.png")
-    fill = list(fill_colour_of(opts.fill, ctx, images))
-    report = {
-        "schema": "vitdeploy-occlusion/1",
-        "bundle": str(bundle.root), "graph": bundle.artifact_path(precision).name, "precision": precision,
-        "source": source, "count": int(len(images)), "size": list(size),
-        "rule": occlusion_rule(patch, stride, opts.fill, fill),
-        "patch": patch, "stride": stride, "fill": opts.fill, "fill_rgb": fill,
-        "positions_per_image": int(len(result["tops"]) * len(result["lefts"])),
-        "compared": "target-class probability of the deployed graph on the clean image vs the occluded image",
-        "caveat": "occluders are out-of-distribution inputs; the map is this graph's response to this occluder, not a causal attribution",
-        "foreground_rule": "foreground/background by the background rule of the transforms (border median colour +- 16)",
-        "foreground_above_background": (sum(e["foreground_mean"] > e["background_mean"] for e in both) / len(both)) if both else None,
-        "images_with_separable_background": len(both),
-        "files": {"maps": "occlusion.npy", "signed": "occlusion_signed.npy", "targets": "occlusion_targets.npy", "overlay": "occlusion.png"},
-        "images": per_image,
-    }
-    atomic_write_json(out / "occlusion.json", report)
+    with signals_deferred():  # maps, overlay and report land together
+        out.mkdir(parents=True, exist_ok=True)
+        for name, array in (("occlusion.npy", maps), ("occlusion_signed.npy", result["signed"]), ("occlusion_targets.npy", result["targets"])):
+            with atomic_path(out / name, suffix=".npy") as tmp:
+                with open(tmp, "wb") as fh:
+                    np.save(fh, array)
+        label = (lambda t: bundle.labels[t] if bundle.labels and t < len(bundle.labels) else str(t))
+        titles = [f"{names[i]} -> {label(int(result['targets'][i]))} p={result['clean_prob'][i]:.2f}" for i in range(len(images))]
+        shown = min(len(images), opts.overlays)
+        write_overlays(images[:shown], maps[:shown], titles[:shown], out / "occlusion.png")
+        fill = list(fill_colour_of(opts.fill, ctx, images))
+        report = {
+            "schema": "vitdeploy-occlusion/1",
+            "bundle": str(bundle.root), "graph": bundle.artifact_path(precision).name, "precision": precision,
+            "source": source, "count": int(len(images)), "size": list(size),
+            "rule": occlusion_rule(patch, stride, opts.fill, fill),
+            "patch": patch, "stride": stride, "fill": opts.fill, "fill_rgb": fill,
+            "positions_per_image": int(len(result["tops"]) * len(result["lefts"])),
+            "compared": "target-class probability of the deployed graph on the clean image vs the occluded image",
+            "caveat": "occluders are out-of-distribution inputs; the map is this graph's response to this occluder, not a causal attribution",
+            "foreground_rule": "foreground/background by the background rule of the transforms (border median colour +- 16)",
+            "foreground_above_background": (sum(e["foreground_mean"] > e["background_mean"] for e in both) / len(both)) if both else None,
+            "images_with_separable_background": len(both),
+            "files": {"maps": "occlusion.npy", "signed": "occlusion_signed.npy", "targets": "occlusion_targets.npy", "overlay": "occlusion.png"},
+            "images": per_image,
+        }
+        atomic_write_json(out / "occlusion.json", report)
     report["out_dir"] = str(out)
     return report
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bundle import Bundle
+from ..fileio import signals_deferred
 from .measure import LatencyStats, Measurement, measure, summarize
 from .sweep import BACKENDS, PRECISIONS, Cell, SweepConfig, SweepResult, plan_cells, run_sweep
 from .tegrastats import TegraSample, parse_tegrastats_line
@@ -76,23 +77,24 @@ def profile_bundle(
 
         add_accuracy(bundle, result, accuracy, config, int(result.machine.get("threads") or 1))
     target = Path(out_dir) if out_dir is not None else bundle.reports_dir()
-    paths = write_reports(result, target, plot=plot)
-    if accuracy and plot:
-        from .accuracy import write_accuracy_plot
+    with signals_deferred():  # the reports and the manifest's record of them land together
+        paths = write_reports(result, target, plot=plot)
+        if accuracy and plot:
+            from .accuracy import write_accuracy_plot
 
-        accuracy_png = write_accuracy_plot(result, target / "profile_accuracy.png")
-        if accuracy_png is not None:
-            paths["accuracy_png"] = accuracy_png
-    if out_dir is None and bundle.bare_onnx is None:
-        statuses = [r["status"] for r in result.rows]
-        bundle.set_record("profile", {
-            "created": result.started,
-            "files": {k: str(p.relative_to(bundle.root)) for k, p in paths.items()},
-            "cells": len(statuses),
-            "ok": statuses.count("ok"),
-            "skipped": statuses.count("skipped"),
-            "failed": statuses.count("failed"),
-            "machine": result.machine.get("gpu") or result.machine.get("cpu"),
-            "threads": result.machine.get("threads"),
-        })
+            accuracy_png = write_accuracy_plot(result, target / "profile_accuracy.png")
+            if accuracy_png is not None:
+                paths["accuracy_png"] = accuracy_png
+        if out_dir is None and bundle.bare_onnx is None:
+            statuses = [r["status"] for r in result.rows]
+            bundle.set_record("profile", {
+                "created": result.started,
+                "files": {k: str(p.relative_to(bundle.root)) for k, p in paths.items()},
+                "cells": len(statuses),
+                "ok": statuses.count("ok"),
+                "skipped": statuses.count("skipped"),
+                "failed": statuses.count("failed"),
+                "machine": result.machine.get("gpu") or result.machine.get("cpu"),
+                "threads": result.machine.get("threads"),
+            })
     return ProfileOutcome(result, paths)

@@ -365,15 +365,15 @@ def add_cpu_graph_to_bundle(bundle: Bundle, log: Callable[[str], None] = lambda 
     target = bundle.root / CPU_FILE
     # written beside the bundle first (with external data past the threshold: no bytes form past 2 GiB)
     # and gated from that file; graph and data file land together only when the gate passes
-    with onnx_io.staged(target) as staged:
-        written = onnx_io.save(model, staged, manifest=manifest)
+    entry: dict[str, Any] = {"target": "cpu", "derived_from": bundle.artifact_record("fp32").get("sha256"), "fusion": record}
+    with onnx_io.staged(target, then=lambda: bundle.add_artifact(CPU_KEY, target, entry)) as staged:  # with its manifest record
+        entry.update(onnx_io.save(model, staged, manifest=manifest))
         del model
         gate = gate_cpu_graph(bundle, staged, threads=threads)
         if not gate["passed"]:
             raise CheckFailed(f"the fused CPU graph does not match the plain graph: {'; '.join(gate['failed_gates'][:3])} (not written)")
+        entry.update({"gate": gate, "seconds": round(time.perf_counter() - t0, 2)})
     log("gated against model.onnx on every output: passed")
-    bundle.add_artifact(CPU_KEY, target, {**written, "target": "cpu", "derived_from": bundle.artifact_record("fp32").get("sha256"),
-                                          "fusion": record, "gate": gate, "seconds": round(time.perf_counter() - t0, 2)})
     return target
 
 
