@@ -46,9 +46,18 @@ def pytest_configure(config: pytest.Config) -> None:
 # the test's own call (this process and the CLI subprocesses it waited for), not its wall time: a loaded
 # machine stretches wall time several-fold, CPU time hardly (the suite pins torch and ORT to one thread
 # per worker). Session fixtures (exports shared by many tests) are set-up, paid once per run.
-# VITDEPLOY_TEST_TIME_LIMIT=0 turns the guard off.
+# VITDEPLOY_TEST_TIME_LIMIT=0 turns the guard off. In a run of the whole suite (`make test`, CI) the
+# limit is doubled: there a test may be the first in its worker to pay one-time costs (the dynamo
+# exporter's first trace in a process costs 2-3 s of CPU) or find the export cache cold in another order,
+# so a 4.5 s test would fail by the order it ran in; the fast tier's own runs hold the 5 s.
 TIME_LIMIT_S = float(os.environ.get("VITDEPLOY_TEST_TIME_LIMIT", "5"))
+WHOLE_SUITE_FACTOR = 2.0
 UNTIMED_MARKERS = ("slow", "gpu")
+
+
+def _time_limit(config: pytest.Config) -> float:
+    fast_tier = "not slow" in (config.getoption("markexpr", "") or "")
+    return TIME_LIMIT_S if fast_tier else TIME_LIMIT_S * WHOLE_SUITE_FACTOR
 
 
 def _cpu_seconds() -> float:
@@ -71,11 +80,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     report = outcome.get_result()
     if call.when != "call" or not report.passed or TIME_LIMIT_S <= 0 or any(m in item.keywords for m in UNTIMED_MARKERS):
         return
-    cpu = dict(item.user_properties).get("cpu_s", 0.0)
-    if cpu > TIME_LIMIT_S:
+    cpu, limit = dict(item.user_properties).get("cpu_s", 0.0), _time_limit(item.config)
+    if cpu > limit:
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid} took {cpu:.1f} s of CPU ({call.duration:.1f} s wall), over the fast tier's "
-                           f"{TIME_LIMIT_S:g} s: mark it @pytest.mark.slow (it then runs in `make test` only) or make it faster")
+                           f"{limit:g} s: mark it @pytest.mark.slow (it then runs in `make test` only) or make it faster")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

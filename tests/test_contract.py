@@ -120,11 +120,17 @@ def test_a_float_input_graph_gets_normalised_nchw(tmp_path):
     assert feeds["images"].min() == pytest.approx(-1.0) and feeds["images"].max() == pytest.approx(1.0)  # (p/255 - 0.5)/0.5
 
 
-def test_a_two_input_graph_fed_one_input_says_what_is_missing(export_cached):
+@pytest.fixture(scope="module")
+def canvas_bundle(export_cached):
+    """The digits model exported with --variable-size --canvas 48x48 (set-up: shared through the cache)."""
+    return export_cached("builtin:digits", variable_size=True, canvas=(48, 48))
+
+
+def test_a_two_input_graph_fed_one_input_says_what_is_missing(canvas_bundle):
     """The seam `evaluate` used to hit (ONNX Runtime's raw "Required inputs (['valid_hw']) are missing"): now one line."""
     from vitdeploy.runtime.ort import OrtRunner
 
-    bundle = export_cached("builtin:digits", variable_size=True, canvas=(48, 48))
+    bundle = canvas_bundle
     runner = OrtRunner(bundle.artifact_path("fp32"), threads=1)
     assert runner.input_names() == ["images", "valid_hw"]
     for call in (lambda: runner.infer(np.zeros((1, 48, 48, 3), np.uint8)), lambda: runner.run({"images": np.zeros((1, 48, 48, 3), np.uint8)})):

@@ -63,6 +63,7 @@ def test_pickle_checkpoint_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a whole export with its verification (about 5 s of CPU)
 def test_pt_checkpoint_with_wrapper_loads(tmp_path, tiny_checkpoint):
     from safetensors.torch import load_file
 

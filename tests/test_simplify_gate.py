@@ -71,6 +71,7 @@ def test_a_verified_export_gates_onnxslim_by_the_verification_alone(digits_bundl
     assert digits_bundle.manifest["records"]["export_check"]["passed"] is True
 
 
+@pytest.mark.slow  # two verifications of one export (about 6 s of CPU)
 def test_a_simplified_graph_that_fails_verification_falls_back_to_the_exporters(tmp_path, monkeypatch, exporter_graph):
     bundle, lines, verified = _export(monkeypatch, tmp_path / "b", exporter_graph, _head_bias_shifted(exporter_graph))
     assert verified == ["slim", "exporter"]

@@ -87,25 +87,36 @@ def _write_families(root: Path) -> None:
     (root / "entries.json").write_text(json.dumps(meta))
 
 
+class _Entry(dict):
+    """One family's facts; its bundles (``native``, ``static_bundle``, ``dynamic_bundle``) are exported when a
+    test first asks, so pytest-xdist workers export different families side by side instead of one worker
+    exporting all of them while the other waits on the cache's lock."""
+
+    def __init__(self, facts: dict, home: Path, export_cached) -> None:
+        super().__init__(facts)
+        self._home, self._export = home, export_cached
+
+    def __missing__(self, name: str):
+        options = {"native": {}, "static_bundle": {"resolution": self["static"]}, "dynamic_bundle": {"dynamic_resolution": True}}
+        if name not in options or (name != "native" and not self[name.split("_")[0]]):
+            raise KeyError(name)
+        with pytest.MonkeyPatch.context() as mp:
+            offline_hub(mp, self._home)
+            self[name] = self._export(f"hf:{self['repo']}", check_images=2, simplify=False, **options[name])
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def hub(shared_artifact, export_cached):
-    """HF_HOME with the five repositories, and the bundles exported from them (offline). Both are built once
-    per run for every worker (tests/artifact_cache.py), the exports keyed on the home's stable path."""
+    """HF_HOME with the five repositories (built once per run for every worker, tests/artifact_cache.py);
+    the bundles exported from them (offline) on first use, keyed on the home's stable path."""
     root = shared_artifact(["hf-families", 1], _write_families)
     home = root / "hf-home"
-    entries = json.loads((root / "entries.json").read_text())
-    for key, entry in entries.items():
+    entries = {}
+    for key, entry in json.loads((root / "entries.json").read_text()).items():
         entry.update(folder=root / "models" / key, size=tuple(entry["size"]), static=tuple(entry["static"]) if entry["static"] else None,
                      dynamic=[tuple(d) for d in entry["dynamic"]] if entry["dynamic"] else None)
-    with pytest.MonkeyPatch.context() as mp:
-        offline_hub(mp, home)
-        for key, entry in entries.items():
-            fast = dict(check_images=2, simplify=False)
-            entry["native"] = export_cached(f"hf:{entry['repo']}", **fast)
-            if entry["static"]:
-                entry["static_bundle"] = export_cached(f"hf:{entry['repo']}", resolution=entry["static"], **fast)
-            if entry["dynamic"]:
-                entry["dynamic_bundle"] = export_cached(f"hf:{entry['repo']}", dynamic_resolution=True, **fast)
+        entries[key] = _Entry(entry, home, export_cached)
     return {"home": home, "entries": entries}
 
 
