@@ -69,6 +69,11 @@ def release_rewriter_matches() -> int:
     """
     import gc
 
+    from .process_memory import worth_releasing
+
+    if not worth_releasing():  # a small graph kept by a matcher is bounded: not worth a heap walk
+        return 0
+
     cleared = 0
     for obj in gc.get_objects():
         kind = type(obj)
@@ -91,6 +96,11 @@ def release_simplifier_matches() -> int:
     ``MatMulAddPatternMatcher`` in ``onnxslim.core.pattern.registry``).
     """
     import gc
+
+    from .process_memory import worth_releasing
+
+    if not worth_releasing():  # a small graph kept by a matcher is bounded: not worth a heap walk
+        return 0
 
     cleared = 0
     for obj in gc.get_objects():

@@ -53,6 +53,7 @@ from vitdeploy.budget import (DEFAULT_BUDGET_GMACS, DEFAULT_MEMORY_BUDGET_MB, MA
                               plan_verification)
 from vitdeploy.preprocess import random_images
 
+from .process_memory import worth_releasing
 from .sources import LoadedModel
 
 FP32_LIMIT = 1e-4
@@ -257,7 +258,11 @@ def _compare(name: str, ref: np.ndarray, got: np.ndarray, limit: float) -> dict[
 
 
 def release() -> None:
-    """Give freed memory back to the OS between sizes (glibc keeps freed heap pages otherwise)."""
+    """Give freed memory back to the OS between sizes (glibc keeps freed heap pages otherwise). Only
+    for a process that holds much: a full collection walks every object (about 0.4 s with torch, timm
+    and onnx loaded), which is what a ViT-L/H export needs and a small export pays for nothing."""
+    if not worth_releasing():
+        return
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

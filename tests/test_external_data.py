@@ -336,12 +336,16 @@ def test_the_estimate_orders_the_options(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.slow
-def test_the_exporter_no_longer_keeps_the_pytorch_model_alive():
+def test_the_exporter_no_longer_keeps_the_pytorch_model_alive(monkeypatch: pytest.MonkeyPatch):
     """onnxscript's rewrite rules kept the last graph they matched, and with it every parameter."""
     import gc
     import weakref
 
     import torch
+
+    import vitdeploy.exporters.process_memory as process_memory
+
+    monkeypatch.setattr(process_memory, "RELEASE_ABOVE_BYTES", 0)  # as in a process holding a ViT-L
 
     from vitdeploy.exporters.graph import DeployGraph
     from vitdeploy.exporters.onnx_export import export_graph
@@ -357,8 +361,12 @@ def test_the_exporter_no_longer_keeps_the_pytorch_model_alive():
     assert probe() is None
 
 
-def test_onnxslim_keeps_no_node_of_the_graph_it_simplified(digits_graph: Any):
+def test_onnxslim_keeps_no_node_of_the_graph_it_simplified(digits_graph: Any, monkeypatch: pytest.MonkeyPatch):
     import gc
+
+    import vitdeploy.exporters.process_memory as process_memory
+
+    monkeypatch.setattr(process_memory, "RELEASE_ABOVE_BYTES", 0)  # as in a process holding a ViT-L
 
     from vitdeploy.exporters.onnx_export import run_onnxslim
 
@@ -368,6 +376,17 @@ def test_onnxslim_keeps_no_node_of_the_graph_it_simplified(digits_graph: Any):
                 and any(c.__name__ == "PatternMatcher" for c in type(obj).__mro__)]
     assert matchers  # the registry's matchers exist, and none keeps a node of the graph it matched
     assert [name for m in matchers for name in m.__dict__.get("pattern_dict", {}) if name in m.__dict__] == []
+
+
+def test_a_small_process_skips_the_heap_walks(monkeypatch: pytest.MonkeyPatch):
+    """Each walk costs about 0.3 s with torch loaded; under the threshold nothing is walked or cleared."""
+    import vitdeploy.exporters.process_memory as process_memory
+    from vitdeploy.exporters.onnx_export import release_rewriter_matches, release_simplifier_matches
+
+    monkeypatch.setattr(process_memory, "RELEASE_ABOVE_BYTES", 1 << 50)
+    assert not process_memory.worth_releasing() and release_rewriter_matches() == 0 and release_simplifier_matches() == 0
+    monkeypatch.setattr(process_memory, "RELEASE_ABOVE_BYTES", 0)
+    assert process_memory.worth_releasing() and 0 < process_memory.resident_bytes()
 
 
 def test_a_bad_threshold_is_one_line(tmp_path: Path):
