@@ -148,7 +148,8 @@ def test_a_model_folder_vitdeploy_did_not_write_is_refused_whole(bundle, tmp_pat
     for args, what in [
         ([str(out)], "holds 2, which vitdeploy triton-repo did not write"),
         ([str(out), "--name", "other"], "did not write"),  # no provenance: someone else's model
-        ([str(bundle.root)], "inside the bundle"),
+        ([str(bundle.root)], "is a vitdeploy bundle, not a model repository"),
+        ([str(bundle.root), "--name", "reports"], "is a vitdeploy bundle"),
         ([str(a_file)], "is a file"),
     ]:
         result = runner.invoke(main, ["triton-repo", str(bundle.root), *args])
@@ -162,3 +163,7 @@ def test_a_model_folder_vitdeploy_did_not_write_is_refused_whole(bundle, tmp_pat
     result = runner.invoke(main, ["triton-repo", str(bundle.root), str(out), "--max-batch", "4"])
     assert result.exit_code == 0, result.output
     assert parse(model).max_batch_size == 4
+    # a repository folder inside the bundle (as `make demo` writes it) is a repository like any other
+    for _ in range(2):
+        result = runner.invoke(main, ["triton-repo", str(bundle.root), str(bundle.root / "triton")])
+        assert result.exit_code == 0, result.output

@@ -95,14 +95,13 @@ _OWN_FILES = frozenset({"config.pbtxt", LABELS_FILE, "vitdeploy.json"})  # and "
 
 def check_repo_target(out: Path, model_dir: Path, bundle: Bundle) -> None:
     """OUT/<model> is staged and swapped in whole, so refuse, in one line and before anything is written,
-    an OUT that is a file or a bundle, and a model folder holding anything a previous triton-repo did
-    not write (another version folder, a hand-edited model, someone else's model of that name)."""
+    an OUT that is a file or a bundle (its engines/ or reports/ could be named as the model), and a model
+    folder holding anything a previous triton-repo did not write (another version folder, a hand-edited
+    model, someone else's model of that name). A folder inside a bundle is a repository like any other."""
     from .bundle import FORMAT, MANIFEST
 
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file, not a folder; give the model repository's folder (nothing was written)")
-    if out.resolve() == bundle.root.resolve() or bundle.root.resolve() in out.resolve().parents:
-        raise UserError(f"{out} is inside the bundle {bundle.root}; write the model repository to another folder (nothing was written)")
     try:
         manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8")) if (out / MANIFEST).is_file() else None
     except (OSError, UnicodeDecodeError, ValueError):
