@@ -94,4 +94,4 @@ test: test-envs
 	$(MAKE) test-compat
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) $(PY38_VENV) $(COMPAT_VENV) $(DEMO_DIR)
+	rm -rf $(VENV) $(SERVE_VENV) $(PY38_VENV) $(COMPAT_VENV) $(DEMO_DIR) $(DEMO_DIR)-images $(DEMO_DIR)-triton

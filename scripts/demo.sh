@@ -4,6 +4,10 @@
 # -> embed (predict, Python app, Triton repository). `make demo` runs this after installing.
 set -euo pipefail
 B=${1:-demo-bundle}
+# beside the bundle, not in it: export replaces a bundle only while it holds nothing but its own files,
+# so a second `make demo` re-exports into the same folder
+IMAGES="$B-images"
+TRITON="$B-triton"
 step() { printf '\n\033[1m== %s ==\033[0m\n' "$*"; }
 
 step "1/8 export the bundled digits ViT: uint8 NHWC in, preprocessing, labels and spec bound in, checked against PyTorch"
@@ -37,8 +41,8 @@ else
 fi
 
 step "7/8 embed: classify image files (PNG digits from the test split), from the CLI and a Python app"
-mkdir -p "$B/demo-images"
-python - "$B/demo-images" <<'PY'
+mkdir -p "$IMAGES"
+python - "$IMAGES" <<'PY'
 import sys
 from pathlib import Path
 from PIL import Image
@@ -47,11 +51,11 @@ images, labels = get_builtin("digits").load_split("test")
 for i in range(4):
     Image.fromarray(images[i]).save(Path(sys.argv[1]) / f"digit{i}_label{labels[i]}.png")
 PY
-vitdeploy predict "$B" "$B"/demo-images/*.png --top-k 2
-python examples/python/classify.py "$B" "$B"/demo-images/*.png --top-k 1
+vitdeploy predict "$B" "$IMAGES"/*.png --top-k 2
+python examples/python/classify.py "$B" "$IMAGES"/*.png --top-k 1
 
 step "8/8 a Triton model repository for the bundle"
-vitdeploy triton-repo "$B" "$B/triton" --backend onnxruntime --dynamic-batching --kind cpu
-find "$B/triton" -maxdepth 3 | sort
+vitdeploy triton-repo "$B" "$TRITON" --backend onnxruntime --dynamic-batching --kind cpu
+find "$TRITON" -maxdepth 3 | sort
 echo
 echo "done: $B holds the graphs, reports/check.json, reports/profile.{csv,json,png}"

@@ -163,7 +163,7 @@ def test_a_model_folder_vitdeploy_did_not_write_is_refused_whole(bundle, tmp_pat
     result = runner.invoke(main, ["triton-repo", str(bundle.root), str(out), "--max-batch", "4"])
     assert result.exit_code == 0, result.output
     assert parse(model).max_batch_size == 4
-    # a repository folder inside the bundle (as `make demo` writes it) is a repository like any other
+    # a repository folder inside the bundle is a repository like any other
     for _ in range(2):
         result = runner.invoke(main, ["triton-repo", str(bundle.root), str(bundle.root / "triton")])
         assert result.exit_code == 0, result.output
