@@ -26,13 +26,12 @@ factors; :func:`check_export_fits` refuses an export it does not fit.
 
 from __future__ import annotations
 
-import resource
-import sys
 from typing import Any, Callable
 
 from vitdeploy.costs import available_memory_bytes, memory_estimate
 from vitdeploy.errors import UserError
 
+from .process_memory import current_rss_bytes, peak_rss_bytes  # noqa: F401 - tests patch them here
 from .verify import DEFAULT_BUDGET_GMACS, DEFAULT_MEMORY_BUDGET_MB, plan_verification, release, verification_sizes_for
 
 # Bytes per byte of fp32 weights an export adds at its peak over the process's size once the model is
@@ -56,23 +55,6 @@ def model_weight_bytes(model: Any) -> int:
             seen.add(key)
             total += tensor.numel() * tensor.element_size()
     return total
-
-
-def current_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return peak_rss_bytes()
-
-
-def peak_rss_bytes() -> int:
-    """This process's resident-set high-water mark (getrusage: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def estimate_peak(now: int, weights: int, check: bool, simplify: bool, activation_bytes: int) -> int:

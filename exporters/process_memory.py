@@ -9,21 +9,30 @@ matchers keep is one small graph, bounded, not a leak that grows), so they are s
 
 from __future__ import annotations
 
-import os
+import resource
+import sys
 
 RELEASE_ABOVE_BYTES = 3 << 29  # 1.5 GiB resident
 
 
-def resident_bytes() -> int | None:
-    """This process's resident set now (Linux), None where /proc is not there."""
+def current_rss_bytes() -> int:
+    """This process's resident set now (Linux /proc), else its high-water mark."""
     try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """This process's resident-set high-water mark (getrusage: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def worth_releasing() -> bool:
-    """True when the process holds enough that freeing memory pays for the heap walk (or cannot tell)."""
-    held = resident_bytes()
-    return held is None or held >= RELEASE_ABOVE_BYTES
+    """True when the process holds enough that freeing memory pays for the heap walk."""
+    return current_rss_bytes() >= RELEASE_ABOVE_BYTES
