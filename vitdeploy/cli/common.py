@@ -103,10 +103,9 @@ class VitCommand(OneLineErrors, click.Command):
         try:
             with _signals_unwind():
                 result = super().invoke(ctx)
-                if interrupted() is None:
-                    return result
-                # a swallowed interrupt (see fileio.raise_if_interrupted) and the command still finished
-                raise Terminated() if interrupted() == signal.SIGTERM else KeyboardInterrupt()
+            if interrupted() is not None:  # swallowed (see fileio.raise_if_interrupted) and the command still finished
+                self._report_interrupt(ctx)
+            return result
         except VitDeployError as exc:
             if interrupted() is None:
                 click.echo(f"error: {one_line(exc)}", err=True)
