@@ -29,7 +29,7 @@ COMPAT_PYTEST_ARGS ?= -k "not vit_small_int8 and not within_1_2x and not compile
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: setup setup-steps serve-env demo test test-fast test-envs test-steps system-deps test-compat clean
+.PHONY: setup setup-steps serve-env demo docs test test-fast test-envs test-steps system-deps test-compat clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_trt_bindings.sh
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -61,6 +61,10 @@ $(PY38_STAMP): pyproject.toml scripts/check_device_subset.sh
 
 demo: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH bash scripts/demo.sh $(DEMO_DIR)
+
+# The documentation site (mkdocs.yml) into build/site/, warnings as errors; the tests build it too
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 system-deps:
 	# Debian packages for the C++ example's library tests and the sshd of the --on tests (root or sudo)
