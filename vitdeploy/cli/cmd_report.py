@@ -9,7 +9,7 @@ from .common import command
 
 @command("report")
 @click.argument("bundle", type=click.Path())
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", "output", type=click.Path(), default=None,
               help="The page to write (default: BUNDLE/reports/index.html); MODEL_CARD.md is written beside it.")
 def command(bundle, output):
     """One self-contained HTML page for a bundle, and a Hugging Face model card beside it.

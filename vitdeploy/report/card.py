@@ -19,6 +19,14 @@ def _q(value: Any) -> str:
     return json.dumps(value)
 
 
+def _floats(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def base_model(source: dict[str, Any]) -> str | None:
     """The hub repository the weights came from, where the manifest records one."""
     weights = source.get("weights") or {}
@@ -43,7 +51,10 @@ def measured_results(src: Sources) -> list[dict[str, Any]]:
         graphs = (ev.data.get("bundle") or {}).get("graphs") or {}
         current = all(src.is_current(p, sha) for p, sha in graphs.items())
         source = (ev.data.get("data") or {}).get("source")
-        for scorer, res in (ev.data.get("results") or {}).items():
+        # the shifted conditions of the first deployed graph (the fp32 one when present): the others are in the page
+        graphs_scored = [s["id"] for s in ev.data.get("scorers") or [] if s.get("kind") == "graph" and s.get("id") in (ev.data.get("results") or {})]
+        for scorer in graphs_scored[:1]:
+            res = ev.data["results"][scorer]
             for cid, r in res.items():
                 if cid == "clean" or not current or r.get("accuracy") is None:
                     continue
@@ -92,7 +103,8 @@ def model_card(src: Sources, created: str) -> str:
         f"- weights: {describe_weights(source)}",
         f"- architecture: {spec.get('family', 'vit')}, patch {spec['patch_size'][0]}x{spec['patch_size'][1]}, d={spec['embed_dim']}, "
         f"depth {spec['depth']}, heads {spec['num_heads']}",
-        f"- input: {pre.get('input_size') or 'any size the patches tile'}, mean {pre['mean']}, std {pre['std']}, scale {pre.get('scale', '1/255')}",
+        f"- input: {pre.get('input_size') or 'any size the patches tile'}, mean {_floats(pre['mean'])}, std {_floats(pre['std'])}, "
+        f"scale {pre.get('scale', '1/255')}, channel order {pre.get('channel_order', 'rgb').upper()}",
         f"- labels: {len(labels)} ({labels[0]!r} … {labels[-1]!r})" if labels else f"- outputs: {', '.join((m.get('graph') or {}).get('outputs') or [])} (features, no labels)",
         f"- exported by vitdeploy {m.get('vitdeploy_version', '?')} on {m.get('created', '?')}; card written {created}",
         "",
@@ -101,12 +113,18 @@ def model_card(src: Sources, created: str) -> str:
     ]
     if results:
         out += ["| dataset | metric | value | measured by |", "|---|---|---|---|"]
-        out += [f"| {r['dataset']} | {r['metric']} | {r['value']:.4f} | {r['name']} |" for r in results]
+        out += [f"| {_cell(r['dataset'])} | {r['metric']} | {r['value']:.4f} | {_cell(r['name'])} |" for r in results]
     else:
         out.append(f"Nothing measured yet: run `vitdeploy check {src.bundle.root}` (and `vitdeploy evaluate`), then `vitdeploy report` again.")
     out += ["", "Every number above comes from the bundle's reports (reports/check.json, reports/evaluate.json) for the graphs "
                 "whose sha256 the manifest holds now; the full page is reports/index.html.", ""]
+    limits = []
+    shifted = [r for r in results if " (" in r["dataset"]]
+    if shifted:
+        worst = min(shifted, key=lambda r: r["value"])
+        limits.append(f"Accuracy under shift falls to {worst['value']:.1%} at worst ({worst['dataset']}); see the report's robustness section.")
     if src.occlusion:
-        out += ["## Limitations", "", "Occlusion maps in the report are sensitivities of this graph to the stated occluder, "
-                "not causal attributions.", ""]
+        limits.append("Occlusion maps in the report are sensitivities of this graph to the stated occluder, not causal attributions.")
+    if limits:
+        out += ["## Limitations", ""] + [f"- {line}" for line in limits] + [""]
     return "\n".join(out)

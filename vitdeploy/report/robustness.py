@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .html import Markup, el, esc, image, join, missing, num, pct_interval, ptr, section, table
+from .html import Markup, el, esc, image, join, missing, num, pct_interval, ptr, section, table, void
 from .sources import Record, Sources
 
 OCCLUSION_CAVEAT = ("An occlusion map is a sensitivity, not causality: it shows how this graph's probability for the target "
@@ -65,7 +65,7 @@ def _evaluate(src: Sources, rec: Record) -> list[Any]:
             if r.get("flag"):
                 extra.append(el("span", "flag", class_="fail", title=str(r["flag"])))
             cells.append(join([num(r.get("accuracy"), ".1%", ptr(*base, "accuracy")), esc(" "), pct_interval(r.get("ci95"), ptr(*base, "ci95")),
-                               el("br") if extra else None, el("span", join(extra, " · "), class_="note") if extra else None]))
+                               void("br") if extra else None, el("span", join(extra, " · "), class_="note") if extra else None]))
         rows.append(cells)
     out.append(table(["condition"] + [f"{s} accuracy [95% CI]" for s in scorers], rows,
                      caption=f"Shift suite on {n_images} images: accuracy, drop from clean, top-1 agreement; each condition's rule is in "
