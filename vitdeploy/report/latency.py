@@ -25,7 +25,7 @@ def latency_section(src: Sources) -> Markup:
                    "profile on the target (vitdeploy profile --on HOST) for those numbers."))
     facts = [("machine", where), ("verified where", verified),
              ("backends", ", ".join(config.get("backends") or [])), ("libraries", ", ".join(f"{k} {machine[k]}" for k in ("onnxruntime", "torch", "numpy") if machine.get(k))),
-             ("load average (1/5/15 min)", ", ".join(f"{x:.2f}" for x in load) + " (other processes sharing the cores)" if load else "–"),
+             ("load average (1/5/15 min)", _load(load, machine.get("cpu_count"))),
              ("timing", f"{config.get('iterations') or config.get('duration_s')} timed calls, {config.get('warmup')} warm-up, "
                         f"{config.get('rounds') or 1} round(s); written {d.get('created', '?')}")]
     rows = []
@@ -39,7 +39,8 @@ def latency_section(src: Sources) -> Markup:
                      num(c.get("throughput_ips"), ",.0f", ptr(*base, "throughput_ips")),
                      num((c.get("macs") or 0) / 1e6, ".2f"), num(c.get("attention_share"), ".1%", ptr(*base, "attention_share")),
                      num(c.get("achieved_gflops"), ".1f", ptr(*base, "achieved_gflops")),
-                     el("span", "unstable", class_="fail", title=c.get("note") or "") if c.get("unstable") else ""])
+                     el("span", f"unstable (CV {c['cv']:.0%})" if c.get("cv") is not None else "unstable", class_="fail", title=c.get("note") or "")
+                     if c.get("unstable") else ""])
     skipped = [c for c in d.get("cells") or [] if c.get("status") != "ok"]
     parts: list[Any] = [kv(facts),
                         table(["backend", "precision", "device", "HxW", "batch", "tokens", "p50 ms", "p90 ms", "images/s", "MMACs / call",
@@ -54,3 +55,12 @@ def latency_section(src: Sources) -> Markup:
             parts.append(image(png, f"{name}: {alt}"))
     return section("latency", "Latency and throughput", *parts)
 
+
+def _load(load: list[float], cores: int | None) -> Any:
+    if not load:
+        return "–"
+    text = ", ".join(f"{x:.2f}" for x in load) + " (other processes sharing the cores)"
+    if cores and load[0] > cores:
+        # a busy machine inflates latency and spreads it: say so beside the numbers, not only in the CV column
+        return el("span", text + f": more runnable processes than the {cores} cores, so these latencies are upper bounds", class_="fail")
+    return text

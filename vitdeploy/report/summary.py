@@ -113,7 +113,10 @@ def _latency(src: Sources) -> Markup:
         return _card("latency", "Latency", [f"not profiled: vitdeploy profile {src.bundle.root}"], "none")
     cells = [(i, c) for i, c in enumerate(rec.data.get("cells") or []) if c.get("status") == "ok"]
     machine = rec.data.get("machine") or {}
-    lines: list[Any] = [f"on {machine.get('gpu') or 'CPU ' + str(machine.get('cpu', '?'))}, load {', '.join(f'{x:.1f}' for x in machine.get('loadavg') or [])}"]
+    load = machine.get("loadavg") or []
+    busy = bool(load and machine.get("cpu_count") and load[0] > machine["cpu_count"])
+    lines: list[Any] = [f"on {machine.get('gpu') or 'CPU ' + str(machine.get('cpu', '?'))}, load {', '.join(f'{x:.1f}' for x in load)}"
+                        + (" (busy: upper bounds)" if busy else "")]
     native = tuple(src.bundle.manifest["resolution"]["native"])
     at_native = [(i, c) for i, c in cells if (c["height"], c["width"]) == native and c["batch"] == 1] or cells
     if at_native:
