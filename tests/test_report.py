@@ -166,3 +166,23 @@ def test_an_embedding_only_bundle(features_bundle, tmp_path: Path) -> None:
     contract = "".join(next(e for e in tree.iter("section") if e.get("id") == "contract").itertext())
     assert "output embedding" in contract and "output patch_grid" in contract and "output logits" not in contract
     check_numbers(bundle, sourced_numbers(tree))
+
+
+def test_engines_with_their_fingerprints_and_a_stale_one(tmp_path: Path) -> None:
+    from tests.synthetic_bundle import fake_engine, make_bundle
+
+    bundle = make_bundle(tmp_path / "b", fp16=True)
+    fake_engine(bundle, "orin-fp16", "fp16", trt="10.3.0", gpu="Orin", cc="8.7", batch=(1, 4, 8), hw=16)
+    fake_engine(bundle, "h200-fp32", "fp32", trt="10.8.0", gpu="NVIDIA H200", cc="9.0")
+    bundle.manifest["engines"]["h200-fp32"]["source_sha256"] = "1" * 64  # built from a graph this bundle no longer holds
+    bundle.save()
+    assert write(bundle.root).exit_code == 0
+    tree = parse_strict((bundle.root / "reports" / "index.html").read_text(encoding="utf-8"))
+    section = next(e for e in tree.iter("section") if e.get("id") == "engines")
+    rows = {"".join(r.find("td").itertext()): ["".join(td.itertext()) for td in r.findall("td")] for r in section.iter("tr") if r.find("td") is not None}
+    orin, h200 = rows["orin-fp16"], rows["h200-fp32"]
+    assert orin[1:4] == ["fp16", "10.3.0", "Orin (compute capability 8.7)"] and orin[7] == "current"
+    assert "batch [1, 4, 8]" in orin[4] and "height [16, 16, 16]" in orin[4]
+    assert "this TensorRT version only" in orin[5] and "hardware compatibility none" in orin[5]
+    assert h200[2:4] == ["10.8.0", "NVIDIA H200 (compute capability 9.0)"] and h200[7] == "stale"
+    assert not any(e.get("id") == "no-engines" for e in tree.iter())

@@ -36,16 +36,19 @@ def engines_section(src: Sources) -> Markup:
         for target, record in built.items():
             fp = src.engines.get(target)
             data = fp.data if fp else {}
+            # the manifest's record, completed by the engine's own fingerprint (engine.json) where it says less
+            info = {**data, **{k: v for k, v in record.items() if v is not None}}
             device = data.get("device") or {}
-            plan_rec = data.get("plan") or {}
-            stale = record.get("source_sha256") not in src.graph_sha.values()
-            rows.append([target, record.get("precision"), record.get("tensorrt"),
-                         f"{record.get('gpu_name') or device.get('gpu_name', '?')} (compute capability {record.get('compute_capability') or device.get('compute_capability', '?')})"
-                         + (f", JetPack {record['jetpack']}" if record.get("jetpack") else ""),
-                         _profiles(record.get("profiles")), _portability({**plan_rec, **data}),
-                         join([short_sha(record.get("plan_sha256")), esc(" from "), short_sha(record.get("source_sha256"))]),
+            gpu = info.get("gpu_name") or device.get("gpu_name", "?")
+            cc = info.get("compute_capability") or device.get("compute_capability", "?")
+            jetpack = info.get("jetpack") or device.get("jetpack")
+            stale = info.get("source_sha256") not in src.graph_sha.values()
+            rows.append([target, info.get("precision"), info.get("tensorrt"),
+                         f"{gpu} (compute capability {cc})" + (f", JetPack {jetpack}" if jetpack else ""),
+                         _profiles(info.get("profiles")), _portability({**(data.get("plan") or {}), **info}),
+                         join([short_sha(info.get("plan_sha256")), esc(" from "), short_sha(info.get("source_sha256"))]),
                          el("span", "stale", class_="stale") if stale else (esc("no engine.json") if fp is None else esc("current")),
-                         record.get("built_at", "")])
+                         info.get("built_at", "")])
         parts.append(table(["target", "precision", "TensorRT", "GPU", "profiles (min/opt/max)", "portability", "plan sha256 / graph",
                             "state", "built"], rows, caption="Engines built (manifest.json engines, engines/<target>/engine.json)"))
     else:

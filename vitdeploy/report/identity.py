@@ -75,7 +75,7 @@ def contract_section(src: Sources) -> Markup:
         ("normalisation (in the graph)", join([f"x = (p x {pre.get('scale', '1/255')} - mean) / std; mean ",
                                                 _triple(pre["mean"], "mean"), esc(", std "), _triple(pre["std"], "std")])),
         ("resize rule", _resize_rule(pre)),
-        ("resolution", f"{res['mode']} {res.get('height')}x{res.get('width')} (native {res['native'][0]}x{res['native'][1]})"),
+        ("resolution", f"{res['mode']} {res.get('height')}x{res.get('width')} (native {src.native()[0]}x{src.native()[1]})"),
         ("positions", position_line(m["spec"], res)),
     ]
     if pre.get("variable_size"):
@@ -109,8 +109,7 @@ def _resize_rule(pre: dict[str, Any]) -> str:
 
 def cost_sizes(src: Sources) -> list[tuple[int, int]]:
     """The native size, and every size that profile or evaluate measured (so latency sits beside its cost)."""
-    res = src.bundle.manifest["resolution"]
-    sizes = [tuple(res["native"])]
+    sizes = [src.native()]
     if src.profile:
         sizes += [(c["height"], c["width"]) for c in src.profile.data.get("cells", []) if c.get("height") and c.get("width")]
     if src.evaluate:

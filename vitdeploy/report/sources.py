@@ -46,6 +46,14 @@ class Sources:
             return None
         return data if data.startswith(b"\x89PNG\r\n\x1a\n") else None
 
+    def native(self) -> tuple[int, int]:
+        """The size the model was trained at (older and hand-made manifests record only the graph's height and width)."""
+        res = self.bundle.manifest["resolution"]
+        h, w = res.get("native") or (res.get("height"), res.get("width"))
+        if h is None or w is None:
+            h, w = self.bundle.spec.image_size
+        return int(h), int(w)
+
     def is_current(self, precision: str | None, sha: str | None) -> bool:
         """Evidence is current when the graph it measured is the one the manifest holds now."""
         return bool(sha) and self.graph_sha.get(precision or "") == sha

@@ -47,8 +47,7 @@ def _contract(src: Sources) -> Markup:
 
 
 def _cost(src: Sources) -> Markup:
-    res = src.bundle.manifest["resolution"]
-    h, w = res["native"]
+    h, w = src.native()
     c = vit_costs(src.bundle.spec, h, w, 1)
     key = f"cost-model:{h}x{w}#"
     return _card("cost", "Cost model", [
@@ -117,7 +116,7 @@ def _latency(src: Sources) -> Markup:
     busy = bool(load and machine.get("cpu_count") and load[0] > machine["cpu_count"])
     lines: list[Any] = [f"on {machine.get('gpu') or 'CPU ' + str(machine.get('cpu', '?'))}, load {', '.join(f'{x:.1f}' for x in load)}"
                         + (" (busy: upper bounds)" if busy else "")]
-    native = tuple(src.bundle.manifest["resolution"]["native"])
+    native = src.native()
     at_native = [(i, c) for i, c in cells if (c["height"], c["width"]) == native and c["batch"] == 1] or cells
     if at_native:
         i, c = min(at_native, key=lambda ic: ic[1]["p50_ms"])
@@ -133,7 +132,11 @@ def _engines(src: Sources) -> Markup:
     built = src.bundle.manifest.get("engines") or {}
     lines: list[Any] = []
     if built:
-        lines += [f"{t}: TensorRT {r.get('tensorrt')} on {r.get('gpu_name')} (sm {r.get('compute_capability')})" for t, r in built.items()]
+        for target, record in built.items():
+            fp = src.engines.get(target)
+            data = fp.data if fp else {}
+            info = {**(data.get("device") or {}), **data, **{k: v for k, v in record.items() if v is not None}}
+            lines.append(f"{target}: TensorRT {info.get('tensorrt')} on {info.get('gpu_name')} (compute capability {info.get('compute_capability')})")
     else:
         lines.append(f"none built: vitdeploy build-engine {src.bundle.root}")
     if src.engine_plans:
