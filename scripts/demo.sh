@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the bundled digits ViT: export -> inspect -> convert/calibrate -> check -> profile
 # -> TensorRT engine (built where TensorRT runs; elsewhere a dry run and the trtexec line)
-# -> embed (predict, Python app, Triton repository). `make demo` runs this after installing.
+# -> embed (predict, Python app, Triton repository) -> the bundle's report page. `make demo` runs this after installing.
 set -euo pipefail
 B=${1:-demo-bundle}
 # beside the bundle, not in it: export replaces a bundle only while it holds nothing but its own files,
@@ -10,27 +10,27 @@ IMAGES="$B-images"
 TRITON="$B-triton"
 step() { printf '\n\033[1m== %s ==\033[0m\n' "$*"; }
 
-step "1/8 export the bundled digits ViT: uint8 NHWC in, preprocessing, labels and spec bound in, checked against PyTorch"
+step "1/9 export the bundled digits ViT: uint8 NHWC in, preprocessing, labels and spec bound in, checked against PyTorch"
 vitdeploy export builtin:digits -o "$B" --precision fp32,fp16
 
-step "2/8 inspect what the bundle carries (and what it costs)"
+step "2/9 inspect what the bundle carries (and what it costs)"
 vitdeploy inspect "$B"
 vitdeploy costs "$B" --resolutions 16,32,48,64
 
-step "3/8 calibrate INT8 (explicit Q/DQ) on the digits train split, scored on the held-out test split"
+step "3/9 calibrate INT8 (explicit Q/DQ) on the digits train split, scored on the held-out test split"
 vitdeploy calibrate "$B"
 
-step "4/8 check every graph against PyTorch: numbers, accuracy on the test split, protocol"
+step "4/9 check every graph against PyTorch: numbers, accuracy on the test split, protocol"
 vitdeploy check "$B"
 
-step "4b/8 evaluate: is each graph fit for shifted conditions? (JPEG, occlusion, background; 120 test images) and an occlusion map"
+step "4b/9 evaluate: is each graph fit for shifted conditions? (JPEG, occlusion, background; 120 test images) and an occlusion map"
 vitdeploy evaluate "$B" --suite jpeg,occlusion,background-solid --limit 120 --threads 1
 vitdeploy evaluate "$B" --occlusion-map digits:test --limit 16 --threads 1
 
-step "5/8 profile latency and throughput against the cost model (static graph: other sizes are re-exported)"
+step "5/9 profile latency and throughput against the cost model (static graph: other sizes are re-exported)"
 vitdeploy profile "$B" --resolutions 24,32,48 --batch 1,8 --precision fp32,int8 --backend ort,torch --threads 1 --iterations 50 --rounds 10
 
-step "6/8 TensorRT engine"
+step "6/9 TensorRT engine"
 if python -c "import tensorrt" >/dev/null 2>&1; then
   vitdeploy build-engine "$B" --precision best --batch 1:8:32
 else
@@ -40,7 +40,7 @@ else
   vitdeploy build-engine "$B" --precision fp16 --dla-report
 fi
 
-step "7/8 embed: classify image files (PNG digits from the test split), from the CLI and a Python app"
+step "7/9 embed: classify image files (PNG digits from the test split), from the CLI and a Python app"
 mkdir -p "$IMAGES"
 python - "$IMAGES" <<'PY'
 import sys
@@ -54,8 +54,12 @@ PY
 vitdeploy predict "$B" "$IMAGES"/*.png --top-k 2
 python examples/python/classify.py "$B" "$IMAGES"/*.png --top-k 1
 
-step "8/8 a Triton model repository for the bundle"
+step "8/9 a Triton model repository for the bundle"
 vitdeploy triton-repo "$B" "$TRITON" --backend onnxruntime --dynamic-batching --kind cpu
 find "$TRITON" -maxdepth 3 | sort
+
+step "9/9 one page for the whole bundle: identity, contract, cost, evidence, precision, robustness, latency, engines"
+vitdeploy report "$B"
 echo
-echo "done: $B holds the graphs, reports/check.json, reports/profile.{csv,json,png}"
+echo "done: $B holds the graphs, reports/check.json, evaluate.json, profile.{csv,json,png} and MODEL_CARD.md"
+echo "open the report (offline, one file): $(cd "$B" && pwd)/reports/index.html"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian/Ubuntu packages the C++ example's library tests need (tests/test_cpp_example.py):
 # a compiler, CMake, and the header libraries the example builds on; and OpenSSH for the `--on HOST`
-# round-trip tests (tests/test_remote.py). Idempotent: installs only what
+# round-trip tests (tests/test_remote.py); Chromium and its driver for the report page's browser test
+# (tests/test_report_browser.py). Idempotent: installs only what
 # is missing, and does nothing (not even `apt-get update`) when everything is already there.
 #
 #   bash scripts/install_system_deps.sh          # install what is missing (root, or sudo)
@@ -19,6 +20,8 @@ PACKAGES=(
     libssl-dev           # OpenSSL's sha256: C++ checks a graph or plan against its recorded digest before it runs
     openssh-client       # `--on HOST`: ssh to the device (tests/test_remote.py)
     openssh-server       # tests/test_remote.py starts its own sshd on 127.0.0.1 as the "device" (not as a service)
+    chromium             # tests/test_report_browser.py opens `vitdeploy report`'s page headless, offline
+    chromium-driver      # its WebDriver, driven by Selenium (the dev extra)
 )
 
 missing=()
