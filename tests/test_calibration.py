@@ -266,7 +266,8 @@ def test_bundle_without_fp32_graph(digits_bundle, copy_bundle, tmp_path: Path) -
 
 
 def test_below_gate_writes_nothing(digits_bundle, copy_bundle, tmp_path: Path) -> None:
-    _bad(digits_bundle, copy_bundle, tmp_path, ["--samples", "64", "--method", "minmax", "--min-agreement", "1.01"],
+    # an unreachable gate: every image's int8 logits parallel to fp32's and all top-1 classes kept
+    _bad(digits_bundle, copy_bundle, tmp_path, ["--samples", "64", "--method", "minmax", "--min-top1-agreement", "1", "--min-cosine", "1"],
          "below the gate")
 
 
