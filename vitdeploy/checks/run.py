@@ -100,7 +100,10 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
 
     sets = check_sets(bundle, contract, opts, log)
     judged = [s for s in sets if s.judged != FINITE]
+    logger.debug("gate %s; sets %s", opts.gate, ", ".join(f"{s.name} ({len(s.images)} {s.judged})" for s in sets))
+    started = time.perf_counter()
     ref_out = {s.name: reference.run_batched(s.feeds, opts.batch) for s in judged}
+    logger.debug("PyTorch reference on %d sets in %.1f s", len(judged), time.perf_counter() - started)
     ref_acc = {s.name: accuracy(ref_out[s.name]["logits"], s.labels) for s in judged if s.labels is not None and "logits" in ref_out[s.name]}
     for name, acc in ref_acc.items():
         log(f"PyTorch fp32 accuracy on {name}: {acc:.2%}")
@@ -115,6 +118,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
         # the fused CPU graph (model.cpu.onnx) computes in fp32: the fp32 gates, against PyTorch as well
         computes_in = "fp32" if precision == "cpu" else precision
         for execution, level, gated in executions(bundle, precision):
+            started = time.perf_counter()
             runner = onnxruntime_runner(bundle, contract, computes_in, threads=opts.threads, optimization=level, graph=graph).runner
             entry = score(against, computes_in, execution, runner, gated)
             entry["precision"] = precision
@@ -134,6 +138,8 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
             if want_localise and gated and precision != "cpu":
                 entry["localisation"] = _localise(reference, graph, bundle, sets, precision, opts)
             artifacts.append(entry)
+            logger.debug("%s / %s (ORT optimization %s, %s): %d criteria in %.1f s", precision, execution, level,
+                         "gated" if gated else "reported only", len(entry["gates"]), time.perf_counter() - started)
             verdict = "pass" if entry["passed"] else ("FAIL" if gated else "reported")
             note = summary(entry)
             log(f"{precision} / {execution}: {note + ' -> ' if note else ''}{verdict}")
