@@ -22,8 +22,8 @@ from vitdeploy import onnx_io
 from vitdeploy.bundle import ARTIFACT_FILES, Bundle
 from vitdeploy.errors import CheckFailed, UserError
 from vitdeploy.fileio import sha256_file, signals_deferred
-from vitdeploy.lazy import require
 from vitdeploy.gate import Gate
+from vitdeploy.lazy import require
 
 from .evaluate import GATED_EXECUTION, graph_outputs, latency_ms, load_eval_data
 from .exclusions import Exclusions, resolve
@@ -75,6 +75,9 @@ def calibrate_bundle(
     if opts.smoothing not in ("auto", "none") + SCOPES:
         raise UserError(f"--smooth must be one of auto, none, {', '.join(SCOPES)}, got {opts.smoothing!r}")
     Smoothing(opts.smooth_alpha)  # validates alpha
+    logger.debug("gate %s; method %s, target %s, smoothing %s (alpha %g), %s calibration images, %s", opts.gate,
+                 opts.method or "the ladder", opts.target, opts.smoothing, opts.smooth_alpha, opts.samples,
+                 "recipe file" if opts.recipe is not None else "sweep" if opts.sweep else "no sweep")
     single_smoothing = Smoothing(opts.smooth_alpha, opts.smoothing) if opts.smoothing in SCOPES else None
     Recipe(opts.method or DEFAULT_METHOD, opts.target)  # validate method/target before any work
     for method in opts.sweep_methods if opts.sweep else ():

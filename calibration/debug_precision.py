@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 from vitdeploy.bundle import Bundle
 from vitdeploy.errors import CheckFailed, InternalError, UserError
-from vitdeploy.lazy import require
 from vitdeploy.gate import Gate
+from vitdeploy.lazy import require
 
 from .evaluate import GATED_EXECUTION, graph_outputs, load_eval_data, scores
 from .exclusions import Exclusions

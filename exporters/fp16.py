@@ -28,9 +28,9 @@ tests and ``vitdeploy check`` call it. This module imports only onnx/numpy at im
 
 from __future__ import annotations
 
-import logging
 import copy
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
