@@ -109,7 +109,8 @@ def fp16_rows(bundle: Bundle, work: Path, ref: np.ndarray, labels: np.ndarray) -
 
 def int8_rows(bundle: Bundle, work: Path, ref: np.ndarray, labels: np.ndarray) -> list[dict[str, Any]]:
     from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
-    from vitdeploy.calibration.evaluate import Gate, graph_outputs, load_eval_data
+    from vitdeploy.calibration.evaluate import graph_outputs, load_eval_data
+    from vitdeploy.gate import Gate
     from vitdeploy.calibration.qdq import Recipe
     from vitdeploy.calibration.smooth import Smoothing
     from vitdeploy.calibration.sources import open_source
@@ -161,7 +162,7 @@ def modelopt_rows(bundle: Bundle, work: Path, python: str | None, ref: np.ndarra
         return []
     from vitdeploy.calibration.sources import open_source
 
-    from vitdeploy.calibration.evaluate import Gate
+    from vitdeploy.gate import Gate
 
     calib = work / f"{bundle.root.name}-calib512.npz"
     source = open_source("digits:train", bundle, SAMPLES)

@@ -11,6 +11,7 @@ per output) and checked for finite outputs on edge valid_hw rows before anything
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from dataclasses import dataclass
@@ -21,13 +22,16 @@ from vitdeploy import onnx_io
 from vitdeploy.bundle import ARTIFACT_FILES, Bundle
 from vitdeploy.errors import CheckFailed, UserError
 from vitdeploy.fileio import sha256_file, signals_deferred
+from vitdeploy.gate import Gate
 from vitdeploy.lazy import require
 
-from .evaluate import GATED_EXECUTION, Gate, graph_outputs, latency_ms, load_eval_data
+from .evaluate import GATED_EXECUTION, graph_outputs, latency_ms, load_eval_data
 from .exclusions import Exclusions, resolve
 from .qdq import METHODS, MIN_SAMPLES, Recipe, check_sample_count, compute_ranges, quantize_graph
 from .smooth import DEFAULT_ALPHA, SCOPES, Smoothing
 from .sources import open_source
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_METHOD = "entropy"
 DEFAULT_SAMPLES = 512
@@ -56,7 +60,7 @@ class CalibrateOptions:
 def calibrate_bundle(
     path: str | Path,
     options: CalibrateOptions | None = None,
-    log: Callable[[str], None] = lambda _m: None,
+    log: Callable[[str], None] = logger.info,
     progress: Callable[[int, int], None] | None = None,
     show_table: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
@@ -71,6 +75,9 @@ def calibrate_bundle(
     if opts.smoothing not in ("auto", "none") + SCOPES:
         raise UserError(f"--smooth must be one of auto, none, {', '.join(SCOPES)}, got {opts.smoothing!r}")
     Smoothing(opts.smooth_alpha)  # validates alpha
+    logger.debug("gate %s; method %s, target %s, smoothing %s (alpha %g), %s calibration images, %s", opts.gate,
+                 opts.method or "the ladder", opts.target, opts.smoothing, opts.smooth_alpha, opts.samples,
+                 "recipe file" if opts.recipe is not None else "sweep" if opts.sweep else "no sweep")
     single_smoothing = Smoothing(opts.smooth_alpha, opts.smoothing) if opts.smoothing in SCOPES else None
     Recipe(opts.method or DEFAULT_METHOD, opts.target)  # validate method/target before any work
     for method in opts.sweep_methods if opts.sweep else ():
@@ -191,7 +198,7 @@ def calibrate_bundle(
             from .evaluate import EXECUTIONS
 
             sanity = variable_sanity(fp32, graph, bundle, "int8", optimization=EXECUTIONS[execution])
-            gate_sanity(sanity, "int8")
+            gate_sanity(sanity, "int8", opts.gate)
             log(f"invariance: random mixed sizes vs each alone, max |dlogit| {sanity['max_abs_logit_diff']:.2e}, "
                 f"logit cosine p1 {sanity['outputs']['logits']['cosine_p1']:.4f}; edge valid_hw rows finite")
         record = {

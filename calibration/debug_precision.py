@@ -19,6 +19,7 @@ labelled data with the gate's own metrics, and with units a ViT engineer names
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,11 +29,14 @@ from typing import Any, Callable
 
 from vitdeploy.bundle import Bundle
 from vitdeploy.errors import CheckFailed, InternalError, UserError
+from vitdeploy.gate import Gate
 from vitdeploy.lazy import require
 
-from .evaluate import GATED_EXECUTION, Gate, graph_outputs, load_eval_data, scores
+from .evaluate import GATED_EXECUTION, graph_outputs, load_eval_data, scores
 from .exclusions import Exclusions
 from .precision_units import Trial, Unit, compact_keep, damage, fp16_units, int8_units
+
+logger = logging.getLogger(__name__)
 
 PRECISIONS = ("int8", "fp16")
 
@@ -223,7 +227,7 @@ def search_keep(trials: Any, ranked: list[Unit], log: Callable[[str], None]) -> 
     return kept, best, steps
 
 
-def debug_precision(path: str | Path, options: DebugOptions | None = None, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def debug_precision(path: str | Path, options: DebugOptions | None = None, log: Callable[[str], None] = logger.info) -> dict[str, Any]:
     """Rank, search, and write the recipe, the JSON report and the PNG; returns the report."""
     from .precision_report import write_outputs
 

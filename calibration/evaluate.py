@@ -39,39 +39,6 @@ class EvalData:
     valid_hw: np.ndarray | None = None
 
 
-@dataclass(frozen=True)
-class Gate:
-    """The task gates of `vitdeploy check` for reduced precision, with its defaults (a test keeps
-    them equal), so a graph `calibrate` writes is one `check` passes."""
-
-    max_drop_points: float = 1.0  # accuracy may fall at most this many points below fp32
-    min_agreement: float = 0.99  # top-1 agreement with the fp32 graph
-    min_cosine: float = 0.99  # 1st percentile of the per-image logit cosines with fp32 (as `check`)
-    # the same 1st-percentile cosine on the embedding output, when the bundle exports one (as `check`)
-
-    def verdict(self, fp32_accuracy: float | None, scores: dict[str, Any]) -> tuple[bool, list[str]]:
-        failures = []
-        emb = scores.get("embedding_cosine_p1")
-        if emb is not None and emb < self.min_cosine:
-            failures.append(f"embedding cosine (1st percentile of images) {emb:.4f} < {self.min_cosine:g}")
-        probs = scores.get("probs_cosine_p1")  # variable-size graphs are gated per output
-        if probs is not None and probs < self.min_cosine:
-            failures.append(f"probs cosine (1st percentile of images) {probs:.4f} < {self.min_cosine:g}")
-        if scores["top1_agreement"] < self.min_agreement:
-            failures.append(f"top-1 agreement {scores['top1_agreement']:.2%} < {self.min_agreement:.0%}")
-        if scores["cosine_p1"] < self.min_cosine:
-            failures.append(f"logit cosine (1st percentile of images) {scores['cosine_p1']:.4f} < {self.min_cosine:g}")
-        acc = scores.get("accuracy")
-        if fp32_accuracy is not None and acc is not None and (fp32_accuracy - acc) * 100 > self.max_drop_points + 1e-9:
-            failures.append(f"accuracy {acc:.2%} is {(fp32_accuracy - acc) * 100:.2f} points below fp32 {fp32_accuracy:.2%} "
-                            f"(allowed {self.max_drop_points:g})")
-        return not failures, failures
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"max_accuracy_drop_points": self.max_drop_points, "min_top1_agreement": self.min_agreement,
-                "min_cosine_p1": self.min_cosine}
-
-
 def load_eval_data(bundle: Bundle, spec: str | None, limit: int | None = None) -> EvalData | None:
     """Labelled (or unlabelled .npy) images through `check`'s loader, so both score the same pixels."""
     from vitdeploy.evalsets import real_set

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .evaluate import Gate
+from vitdeploy.gate import Gate
 from .exclusions import CELL_SEP, PATCH_EMBED, ROLE_ORDER, GraphIndex, layer_labels
 
 

@@ -30,8 +30,9 @@ from typing import Any, Callable
 import numpy as np
 
 from vitdeploy.errors import InternalError, UserError
+from vitdeploy.gate import Gate
 
-from .evaluate import GATED_EXECUTION, EvalData, Gate, latency_ms, score_graph
+from .evaluate import GATED_EXECUTION, EvalData, latency_ms, score_graph
 from .exclusions import Exclusions
 from .qdq import METHODS, Recipe, compute_ranges, quantize_graph
 from .smooth import DEFAULT_ALPHA, Smoothing, smooth_graph

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,6 +33,8 @@ from .regrid import make_dynamic, regrid_static
 from .sources import LoadedModel
 from .fp16_keep import fp16_summary
 from .verify import reference_outputs, verify_export  # noqa: F401 - export() calls it through this module (tests patch it here)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,9 +71,14 @@ class ExportOptions:
 
 
 def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: ExportOptions | None = None,
-           log: Callable[[str], None] = lambda _msg: None) -> Bundle:
-    """Export ``source`` into the bundle folder ``out_dir`` and verify it against PyTorch."""
+           log: Callable[[str], None] = logger.info) -> Bundle:
+    """Export ``source`` into the bundle folder ``out_dir`` and verify it against PyTorch. Progress lines go
+    to ``log``; debug detail (options, sizes, timings of the steps) to this module's logger."""
     opts = options or ExportOptions()
+    started = time.perf_counter()
+    logger.debug("options: opset %s, input %s, precisions %s, resolution %s, dynamic resolution %s, in-graph resize %s, simplify %s, "
+                 "verify %s", opts.opset, opts.input_format, ",".join(opts.precisions), opts.resolution or "the source's",
+                 opts.dynamic_resolution, opts.resize, opts.simplify, f"on {opts.check_images} images" if opts.check else "off")
     _validate_outputs(opts)
     if opts.variable_size:
         from .variable_export import export_variable_size
@@ -77,6 +86,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         return export_variable_size(source, out_dir, opts, log)
     _validate_options(opts)
     out_dir, loaded = open_export(source, out_dir, opts, log)
+    logger.debug("loaded %s:%s in %.1f s (%s parameters)", loaded.source["kind"], loaded.source["name"], time.perf_counter() - started,
+                 f"{sum(p.numel() for p in loaded.model.parameters()):,}")
     if opts.resolution:  # before the position table is resampled: refuse what cannot fit, in one line
         from vitdeploy.costs import check_fits_memory
 
@@ -86,6 +97,10 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         raise UserError(f"--normalize-embedding applies to the embedding output, which this export does not write "
                         f"(outputs {','.join(outputs)}); add --outputs {','.join(outputs)},embedding")
     variant, resolution = _variant(loaded, opts)
+    logger.debug("input %sx%s, %s: %s", resolution["height"], resolution["width"], resolution["mode"],
+                 "--resolution" if opts.resolution else "nominal size of a dynamic-resolution graph" if opts.dynamic_resolution
+                 else "the source preprocessing's size (the position table is resampled to it)"
+                 if [resolution["height"], resolution["width"]] != resolution["native"] else "the model's native size")
     log_weights(loaded, log)  # after the checks above: a refusal stays one line
     head = f"{loaded.spec.num_classes} classes" if loaded.spec.num_classes else "no classification head (a backbone)"
     log(f"source {loaded.source['kind']}:{loaded.source['name']} - {loaded.spec.depth} blocks, d={loaded.spec.embed_dim}, "
@@ -107,7 +122,10 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     # computed now, so the model is freed before the graph is simplified, written and loaded.
     plan_bundle = Bundle(out_dir, manifest_head(out_dir, loaded, variant.spec, preprocessing, resolution, opts.opset))
     check_export_fits(variant, plan_bundle, opts, log)
+    step = time.perf_counter()
     references = reference_outputs(plan_bundle, variant, opts.check_images, log) if opts.check else None
+    if references is not None:
+        logger.debug("PyTorch reference outputs for the verification computed in %.1f s", time.perf_counter() - step)
     model_proto, seconds = export_graph(module, example, dynamic_hw=opts.dynamic_resolution or opts.resize, opset=opts.opset,
                                         output_names=outputs)
     log(f"exported with torch.onnx (dynamo, opset {opts.opset}) in {seconds:.1f} s: {len(model_proto.graph.node)} nodes")
@@ -149,7 +167,10 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"],
                                           **({"simplify": slim_timing} if opts.simplify else {})}}
         with staged_bundle(out_dir) as stage:
+            step = time.perf_counter()
             written = write_graph(stage / ARTIFACT_FILES["fp32"], proto, manifest)
+            logger.debug("wrote %s (%s bytes%s) in %.2f s", written.get("file"), f"{written.get('bytes', 0):,}",
+                         f", external data {written['data']['bytes']:,} bytes" if written.get("data") else "", time.perf_counter() - step)
             del proto
             release()
             write_labels(stage / LABELS, loaded.labels)
@@ -172,6 +193,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
                 fp16 = Bundle.open(add_fp16_to_bundle(bundle, keep_fp32_ops=opts.keep_fp32, data=opts.fp16_data, log=log).parent)
                 log(fp16_summary(fp16.artifact_record("fp16")))
             log_peak(log, written)
+        logger.debug("export of %s:%s took %.1f s in all", loaded.source["kind"], loaded.source["name"], time.perf_counter() - started)
         return Bundle.open(out_dir)
 
     if not opts.simplify:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -42,6 +43,8 @@ from vitdeploy.fileio import sha256_file
 from vitdeploy.lazy import require
 
 from .onnx_types import tensor_elem_types  # noqa: F401 - part of this module's API
+
+logger = logging.getLogger(__name__)
 
 # Op types that always stay fp32 in a vitdeploy fp16 graph (see the module docstring for why).
 # Sin/Cos: rotary angles (EVA-02, RoPE ViTs) grow with the grid; timm computes them in fp32.
@@ -106,7 +109,8 @@ def convert_to_fp16(
 
 
 def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: str | None = None, eval_data: str | None = None,
-                       data_max: float | None = None, log: Callable[[str], None] | None = None, threads: int | None = None) -> Path:
+                       data_max: float | None = None, log: Callable[[str], None] | None = None, threads: int | None = None,
+                       gate: Any = None) -> Path:
     """Convert the bundle's fp32 graph, write ``model.fp16.onnx`` atomically and record it.
 
     ``keep_fp32_ops``: op types, modules (``blocks.3``), roles (``mlp-fc2``) or cells
@@ -114,10 +118,13 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
     bundle's calibration split, else seeded noise); labelled ones (or ``eval_data``, default the
     bundle's own test split) also gate accuracy. ``data_max``: the range pass threshold (None: fp16
     max / 8; ``inf`` turns the pass off). The graph is gated (:mod:`.fp16_gate`) before it replaces
-    anything: a graph that fails, NaN included, never lands in the bundle (CheckFailed).
+    anything: a graph that fails, NaN included, never lands in the bundle (CheckFailed). ``gate``: a
+    vitdeploy.gate.Gate (default: `check`'s).
     """
     from .fp16_gate import gate_fp16, numeric_sanity
     from .fp16_range import DEFAULT_DATA_MAX, describe, range_feeds
+
+    log = log or logger.info
 
     src = bundle.artifact_path("fp32")
     if bundle.bare_onnx is not None:
@@ -132,8 +139,7 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
     model, record = _convert(src, tuple(keep_fp32_ops), bundle.manifest, range_feeds=feeds, data_max=limit, threads=threads)
     if record.get("range_pass") is not None:
         record["range_pass"]["images"] = images
-        if log is not None:
-            log(describe(record["range_pass"]))
+        log(describe(record["range_pass"]))
     # graph, data file and the manifest's record land together, after the gates below
     with onnx_io.staged(dst, then=lambda: bundle.add_artifact("fp16", dst, record)) as tmp:
         record.update(onnx_io.save(model, tmp, manifest=bundle.manifest))
@@ -142,13 +148,13 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
             from .variable_precision import gate_sanity, variable_sanity
 
             record["sanity"] = variable_sanity(src, tmp, bundle)
-            gate_sanity(record["sanity"], "fp16")
+            gate_sanity(record["sanity"], "fp16", gate)
         else:
             record["sanity"] = numeric_sanity(src, tmp, bundle)
 
         # labelled range data gates accuracy too; the digits training split is gated on its test split
         labelled = eval_data or ("digits:test" if data == "digits:train" else data if data is not None and _labelled(data) else None)
-        record["gate"] = gate_fp16(src, tmp, bundle, labelled, threads)
+        record["gate"] = gate_fp16(src, tmp, bundle, labelled, threads, gate)
     return dst
 
 

@@ -35,11 +35,14 @@ SANITY_IMAGES = 8
 SANITY_SEED = 0
 
 
-def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str | None = None, threads: int | None = None) -> dict[str, Any]:
-    """Score the fp16 candidate; raise CheckFailed (one line) when it fails. Returns the record."""
-    from vitdeploy.calibration.evaluate import Gate, graph_outputs, load_eval_data, scores
+def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str | None = None, threads: int | None = None,
+              gate: Any = None) -> dict[str, Any]:
+    """Score the fp16 candidate against ``gate`` (a vitdeploy.gate.Gate; default: `check`'s); raise CheckFailed
+    (one line) when it fails. Returns the record."""
+    from vitdeploy.calibration.evaluate import graph_outputs, load_eval_data, scores
+    from vitdeploy.gate import Gate
 
-    gate = Gate()
+    gate = gate or Gate()
     record: dict[str, Any] = {"gate": gate.to_dict()}
     failures: list[str] = []
     if bundle.variable_size:
@@ -50,9 +53,7 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
         if not sanity["finite"] or not sanity["edge_finite"]:
             failures.append("non-finite outputs" + ("" if sanity["finite"] else " on a padded mixed-size batch")
                             + ("" if sanity["edge_finite"] else " on edge valid_hw rows"))
-        for name, stats in sanity["outputs"].items():
-            if not stats["cosine_p1"] >= gate.min_cosine:
-                failures.append(f"{name} cosine (1st percentile of rows) {stats['cosine_p1']:.4f} < {gate.min_cosine:g}")
+        failures.extend(gate.rows_cosine_failures(sanity["outputs"]))
     else:
         from vitdeploy.preprocess import random_images
 

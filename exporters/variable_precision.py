@@ -14,8 +14,8 @@ the same invariance against PyTorch. No torch here (the fp16 pass and calibrate 
   the canvas, int32 extremes) must give finite outputs.
 
 Per output (logits, probs): max |d|, the 1st-percentile row cosine, top-1 agreement. The gate
-(:func:`gate_sanity`) is `check`'s reduced-precision gate on these rows: cosine >= 0.99 per output,
-and finite outputs everywhere. INT8 is gated on labelled data by calibrate itself (random images
+(:func:`gate_sanity`) is `check`'s reduced-precision gate (vitdeploy.gate.Gate) on these rows: the
+cosine threshold per output, and finite outputs everywhere. INT8 is gated on labelled data by calibrate itself (random images
 are not what it is calibrated for), so for int8 only finiteness is gated here.
 """
 
@@ -28,11 +28,11 @@ import numpy as np
 
 from vitdeploy.bundle import Bundle
 from vitdeploy.errors import CheckFailed
+from vitdeploy.gate import Gate
 
 SIZES = 8
 SEED = 0
 OUTPUTS = ("logits", "probs")
-COSINE_MIN = 0.99  # `vitdeploy check --cosine-min` default: the fp16/int8 gate
 
 
 def variable_sanity(fp32_path: str | Path, candidate_path: str | Path, bundle: Bundle, precision: str = "fp16",
@@ -83,18 +83,17 @@ def variable_sanity(fp32_path: str | Path, candidate_path: str | Path, bundle: B
     }
 
 
-def gate_sanity(sanity: dict[str, Any], precision: str, cosine_min: float = COSINE_MIN) -> None:
-    """Raise CheckFailed (nothing is written) when the candidate breaks the invariance gate."""
+def gate_sanity(sanity: dict[str, Any], precision: str, gate: Gate | None = None) -> None:
+    """Raise CheckFailed (nothing is written) when the candidate breaks the invariance gate (default: `check`'s)."""
+    gate = gate or Gate()
     problems = []
     if not sanity["finite"]:
         problems.append("non-finite outputs on the mixed-size batch")
     if not sanity["edge_finite"]:
         problems.append(f"non-finite outputs on edge valid_hw rows {sanity['edge_valid_hw']}")
     if precision != "int8":
-        for name, stats in sanity["outputs"].items():
-            if not stats["cosine_p1"] >= cosine_min:
-                problems.append(f"{name} cosine (1st percentile of rows) {stats['cosine_p1']:.4f} < {cosine_min:g}")
-    sanity["gate"] = {"cosine_min": cosine_min if precision != "int8" else None, "passed": not problems, "failures": problems}
+        problems.extend(gate.rows_cosine_failures(sanity["outputs"]))
+    sanity["gate"] = {"cosine_min": gate.min_cosine if precision != "int8" else None, "passed": not problems, "failures": problems}
     if problems:
         raise CheckFailed(f"the {precision} variable-size graph breaks the invariance (rows of a padded mixed-size batch vs each "
                           f"image alone through the fp32 graph): {'; '.join(problems)}; nothing was written")

@@ -170,3 +170,80 @@ def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     table = [["vitdeploy.cli"], ["vitdeploy.runtime"], ["vitdeploy"]]
     assert layer_of("vitdeploy.runtime.ort", table) == 1 and layer_of("vitdeploy.bundle", table) == 2
     assert layer_of("vitdeploy.cli.common", table) < layer_of("vitdeploy.runtime.ort", table)
+
+
+# -- the accuracy gate's thresholds are defined once: vitdeploy/gate.py (issue 37) ---------------------------------
+GATE_HOME = "vitdeploy.gate"  # the Gate dataclass and its defaults
+GATE_OPTIONS_HOME = "vitdeploy.cli.options"  # the one declaration of the gate's CLI options
+# Names a threshold of the gate goes by (current and past), as identifiers and as CLI options.
+GATE_THRESHOLD_NAMES = {"min_cosine", "cosine_min", "min_agreement", "top1_min", "min_top1_agreement", "max_drop", "max_drop_points",
+                        "max_accuracy_drop", "accuracy_drop_max", "fp32_max_abs", "fp32_min_cosine", "fp32_feature_cosine_min"}
+GATE_OPTION_NAMES = {"--min-cosine", "--cosine-min", "--min-top1-agreement", "--top1-min", "--min-agreement", "--max-accuracy-drop",
+                     "--max-drop", "--fp32-max-abs"}
+# Same-named tolerances that are not the accuracy gate, each with why.
+NOT_THE_GATE = {
+    ("vitdeploy.runtime.fused", "COSINE_MIN"): "model.cpu.onnx against the plain fp32 graph: the same maths reordered",
+    ("vitdeploy.engine.lowering", "FP32_MAX_ABS"): "the lowered 8.x fp32 graph against the bundle's fp32 graph",
+    ("vitdeploy.cli.cmd_evaluate", "--max-drop"): "evaluate's flag for agreement lost under a shift, not a gate of a graph",
+}
+
+
+def _literal_number(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+
+
+def gate_definitions(module: str, source: str) -> list[str]:
+    """Places in ``source`` that define a threshold of the gate a second time: a number bound to a threshold's
+    name (a constant, a dataclass field, a parameter default, a keyword argument), a CLI option declared
+    under a gate option's name, or another class named Gate."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        bound: list[tuple[str | None, ast.AST]] = []
+        if isinstance(node, ast.Assign):
+            bound += [(getattr(t, "id", None) or getattr(t, "attr", None), node.value) for t in node.targets]
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            bound.append((getattr(node.target, "id", None) or getattr(node.target, "attr", None), node.value))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args.posonlyargs + node.args.args
+            bound += [(a.arg, d) for a, d in zip(args[len(args) - len(node.args.defaults):], node.args.defaults)]
+            bound += [(a.arg, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None]
+        elif isinstance(node, ast.Call):
+            bound += [(k.arg, k.value) for k in node.keywords if k.arg]
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if func == "option":
+                found += [f"{module}:{node.lineno} declares the option {a.value}" for a in node.args
+                          if isinstance(a, ast.Constant) and a.value in GATE_OPTION_NAMES and (module, a.value) not in NOT_THE_GATE]
+        elif isinstance(node, ast.ClassDef) and node.name == "Gate":
+            found.append(f"{module}:{node.lineno} defines another class Gate")
+        found += [f"{module}:{node.lineno} sets {name} = {ast.unparse(value)}" for name, value in bound
+                  if name and name.lower() in GATE_THRESHOLD_NAMES and _literal_number(value) and (module, name) not in NOT_THE_GATE]
+    return found
+
+
+def test_gate_thresholds_are_defined_once() -> None:
+    found = [line for module, path in MODULES.items() if module not in (GATE_HOME, GATE_OPTIONS_HOME)
+             for line in gate_definitions(module, path.read_text())]
+    assert found == [], ("the gate's thresholds are defined in vitdeploy/gate.py (its options in vitdeploy/cli/options.py); "
+                         "take a Gate instead:\n" + "\n".join(found))
+    home = gate_definitions(GATE_HOME, MODULES[GATE_HOME].read_text())
+    assert any("sets min_cosine = 0.99" in line for line in home), home  # the checker sees the one definition
+
+
+def test_the_gate_checker_sees_a_second_definition() -> None:
+    planted = '''
+import click
+COSINE_MIN = 0.99
+class Options:
+    top1_min: float = 0.99
+def gate(x, max_drop=-1.0): ...
+run(Limits(min_agreement=0.9))
+@click.option("--max-accuracy-drop", type=float)
+def cmd(): ...
+class Gate: ...
+'''
+    found = gate_definitions("planted", planted)
+    assert sorted(line.split(" ", 1)[1] for line in found) == sorted([
+        "sets COSINE_MIN = 0.99", "defines another class Gate", "sets top1_min = 0.99", "sets max_drop = -1.0",
+        "sets min_agreement = 0.9", "declares the option --max-accuracy-drop"]), found

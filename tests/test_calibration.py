@@ -247,11 +247,14 @@ def test_calibration_count_not_a_multiple_of_the_batch(digits_bundle, copy_bundl
 
 
 def test_gate_defaults_are_checks(digits_bundle) -> None:
-    from vitdeploy.calibration.evaluate import Gate
+    """calibrate, debug-precision and check start from the one gate (vitdeploy.gate), in the library and the CLI."""
+    from vitdeploy.calibration.api import CalibrateOptions
+    from vitdeploy.calibration.debug_precision import DebugOptions
     from vitdeploy.checks.run import CheckOptions
+    from vitdeploy.gate import Gate
 
-    gate, check = Gate(), CheckOptions()
-    assert (gate.min_cosine, gate.min_agreement, gate.max_drop_points / 100) == (check.cosine_min, check.top1_min, check.accuracy_drop_max)
+    assert CalibrateOptions().gate == DebugOptions().gate == CheckOptions().gate == Gate()
+    assert (Gate().min_cosine, Gate().min_agreement, Gate().max_drop) == (0.99, 0.99, 0.01)
 
 
 def test_bundle_without_fp32_graph(digits_bundle, copy_bundle, tmp_path: Path) -> None:
@@ -263,7 +266,8 @@ def test_bundle_without_fp32_graph(digits_bundle, copy_bundle, tmp_path: Path) -
 
 
 def test_below_gate_writes_nothing(digits_bundle, copy_bundle, tmp_path: Path) -> None:
-    _bad(digits_bundle, copy_bundle, tmp_path, ["--samples", "64", "--method", "minmax", "--min-agreement", "1.01"],
+    # an unreachable gate: every image's int8 logits parallel to fp32's and all top-1 classes kept
+    _bad(digits_bundle, copy_bundle, tmp_path, ["--samples", "64", "--method", "minmax", "--min-top1-agreement", "1", "--min-cosine", "1"],
          "below the gate")
 
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from precision_fixtures import fault_bundle, massive_bundle, variant_checkpoints  # noqa: F401
 from vitdeploy.bundle import Bundle
 from vitdeploy.calibration.debug_precision import search_keep
-from vitdeploy.calibration.evaluate import Gate
+from vitdeploy.gate import Gate
 from vitdeploy.calibration.precision_units import Trial, Unit, compact_keep, damage, int8_units
 from vitdeploy.cli import main
 from vitdeploy.errors import CheckFailed

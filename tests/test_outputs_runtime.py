@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from vitdeploy.errors import UserError
+from vitdeploy.gate import Gate
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +132,7 @@ def test_check_gates_every_output(feat_bundle, copy_bundle):
     assert any(g["name"].startswith("embedding cosine (1st percentile") for g in fp16["gates"])
     # a gate that cannot pass shows the per-output gate is real
     strict = run_check(copy_bundle(feat_bundle, "strict"), CheckOptions(random_count=8, precisions=("fp16",), limit=64,
-                                                                        cosine_min=1.0, write_report=False))
+                                                                        gate=Gate(min_cosine=1.0), write_report=False))
     assert any("embedding cosine" in f for f in strict["failures"])
 
 

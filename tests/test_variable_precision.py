@@ -22,12 +22,13 @@ from click.testing import CliRunner
 from vitdeploy.bundle import Bundle
 from vitdeploy.cli import main
 from vitdeploy.exporters.mask_path import find_mask_path, qdq_on_mask_path
+from vitdeploy.gate import Gate
 from vitdeploy.variable import edge_valid_hw, pad_to_canvas, run_padded_graph
 
 pytestmark = pytest.mark.slow
 
 CANVAS = (48, 48)
-COSINE_MIN = 0.99  # check's fp16/int8 gate (--cosine-min)
+COSINE_MIN = Gate().min_cosine  # check's fp16/int8 gate (--min-cosine)
 
 
 @pytest.fixture(scope="module")

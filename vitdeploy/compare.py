@@ -9,7 +9,7 @@ ViT's logits are ~1.7e-3 and move ~1.5e-5 between images; a graph with every MLP
 7e-7 there (max |d| <= 1e-4 passes it), yet that is 5% of how much the output moves between images.
 Judged against the spread, it fails as it would on trained weights, while fp32 rounding stays ~1e-4
 of it (measured: DeiT-III-S fp32 vs fp64 1.0e-4, MLPs removed 4.7e-2, every block removed 5.1).
-Like Optimum's validate_model_outputs, gates collect every failure before one verdict.
+Like Optimum's validate_model_outputs, criteria collect every failure before one verdict.
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 
 
 @dataclass
-class Gate:
-    """One pass/fail rule: ``value`` compared with ``limit`` (``<=`` or ``>=``)."""
+class Criterion:
+    """One pass/fail rule: ``value`` compared with ``limit`` (``<=`` or ``>=``). The thresholds a graph is
+    held to are vitdeploy.gate.Gate; each judgement it makes is one Criterion."""
 
     name: str
     value: float
@@ -154,10 +155,10 @@ class Gate:
 
 
 def parity_gates(what: str, stats: OutputStats, max_abs: float, where: str = "",
-                 spread_limit: float = FP32_SPREAD_LIMIT) -> list[Gate]:
+                 spread_limit: float = FP32_SPREAD_LIMIT) -> list[Criterion]:
     """fp32 parity of one output on one set: max |d| within the absolute limit and within ``spread_limit``
     of the reference's spread across images (the second only where there are two images or more)."""
-    gates = [Gate(f"max |d{what}|{where}", stats.max_abs, max_abs, "<=")]
+    gates = [Criterion(f"max |d{what}|{where}", stats.max_abs, max_abs, "<=")]
     if stats.max_abs_over_spread is not None:
-        gates.append(Gate(f"max |d{what}| / spread across images{where}", stats.max_abs_over_spread, spread_limit, "<="))
+        gates.append(Criterion(f"max |d{what}| / spread across images{where}", stats.max_abs_over_spread, spread_limit, "<="))
     return gates

@@ -8,6 +8,7 @@ scored by vitdeploy.checks.score, with the protocol evidence and localisation wh
 
 from __future__ import annotations
 
+import logging
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -21,11 +22,14 @@ from ..bundle import Bundle
 from ..compare import accuracy
 from ..contract import InputContract
 from ..errors import UserError
+from ..gate import Gate
 from ..fileio import atomic_write_json, sha256_cached, signals_deferred
 from .localise import localise
 from .protocol import protocol_evidence
 from .score import Reference, batch_consistency, score, summary
 from .sets import FINITE, IMAGES, REPORT_FIELDS, CheckSet, check_sets
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,12 +40,7 @@ class CheckOptions:
     seed: int = 0
     batch: int = 16
     limit: int | None = None  # at most this many real images
-    fp32_max_abs: float = 1e-4
-    cosine_min: float = 0.99
-    # fp32 feature outputs (embedding, patch_grid): worst per-image cosine with PyTorch
-    fp32_feature_cosine_min: float = 0.9999
-    top1_min: float = 0.99
-    accuracy_drop_max: float = 0.01  # 1 point
+    gate: Gate = Gate()  # the thresholds, and which apply to which precision (vitdeploy.gate)
     localise: str = "on-failure"  # "on-failure" | "always" | "never"
     threads: int | None = None
     write_report: bool = True
@@ -79,9 +78,11 @@ def placement(bundle: Bundle, precision: str) -> dict[str, Any]:
     return bundle_placement(bundle, precision)
 
 
-def run_check(path: str | Path, options: CheckOptions | None = None, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_check(path: str | Path, options: CheckOptions | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every check on every artifact of the bundle at ``path``; progress lines go to ``log`` (default: this module's logger)."""
     from ..runtime.select import onnxruntime_runner
 
+    log = log or logger.info
     opts = options or CheckOptions()
     bundle = Bundle.open(path)
     contract = InputContract.from_bundle(bundle)
@@ -99,7 +100,10 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
 
     sets = check_sets(bundle, contract, opts, log)
     judged = [s for s in sets if s.judged != FINITE]
+    logger.debug("gate %s; sets %s", opts.gate, ", ".join(f"{s.name} ({len(s.images)} {s.judged})" for s in sets))
+    started = time.perf_counter()
     ref_out = {s.name: reference.run_batched(s.feeds, opts.batch) for s in judged}
+    logger.debug("PyTorch reference on %d sets in %.1f s", len(judged), time.perf_counter() - started)
     ref_acc = {s.name: accuracy(ref_out[s.name]["logits"], s.labels) for s in judged if s.labels is not None and "logits" in ref_out[s.name]}
     for name, acc in ref_acc.items():
         log(f"PyTorch fp32 accuracy on {name}: {acc:.2%}")
@@ -114,6 +118,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
         # the fused CPU graph (model.cpu.onnx) computes in fp32: the fp32 gates, against PyTorch as well
         computes_in = "fp32" if precision == "cpu" else precision
         for execution, level, gated in executions(bundle, precision):
+            started = time.perf_counter()
             runner = onnxruntime_runner(bundle, contract, computes_in, threads=opts.threads, optimization=level, graph=graph).runner
             entry = score(against, computes_in, execution, runner, gated)
             entry["precision"] = precision
@@ -133,6 +138,8 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
             if want_localise and gated and precision != "cpu":
                 entry["localisation"] = _localise(reference, graph, bundle, sets, precision, opts)
             artifacts.append(entry)
+            logger.debug("%s / %s (ORT optimization %s, %s): %d criteria in %.1f s", precision, execution, level,
+                         "gated" if gated else "reported only", len(entry["gates"]), time.perf_counter() - started)
             verdict = "pass" if entry["passed"] else ("FAIL" if gated else "reported")
             note = summary(entry)
             log(f"{precision} / {execution}: {note + ' -> ' if note else ''}{verdict}")
@@ -187,8 +194,8 @@ def _localise(reference: Any, graph: Path, bundle: Bundle, sets: list[CheckSet],
     if not whole:
         return {"available": False, "reason": "module outputs are compared on whole images; the rows of a canvas batch hold padded tokens"}
     probe = next((s for s in whole if s.real), whole[0]).images[:8]
-    limit = 0.9999 if precision == "fp32" else opts.cosine_min
-    return localise(reference, graph, bundle.manifest.get("graph", {}).get("module_outputs", {}), probe, limit, precision)
+    return localise(reference, graph, bundle.manifest.get("graph", {}).get("module_outputs", {}), probe,
+                    opts.gate.module_min_cosine(precision), precision)
 
 
 def _protocol_probe(sets: list[CheckSet]) -> dict[str, np.ndarray]:

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..compare import Gate, accuracy, compare_outputs, parity_gates
+from ..compare import Criterion, accuracy, compare_outputs
+from ..gate import Gate
 from .sets import FINITE, IMAGES, ROWS, CheckSet
 
 FEATURE_OUTPUTS = ("embedding", "patch_grid")
@@ -29,7 +30,7 @@ ROW_OUTPUTS = ("logits", "probs")
 @dataclass
 class Reference:
     """What every artifact of one check is scored against: the sets, PyTorch's outputs and accuracy on
-    each, and the options (gates' limits, batch)."""
+    each, and the options (the gate's thresholds, batch)."""
 
     sets: list[CheckSet]
     outputs: dict[str, dict[str, np.ndarray]]  # set name -> PyTorch's named outputs
@@ -63,7 +64,7 @@ def score(ref: Reference, precision: str, execution: str, runner: Any, gated: bo
         rows.append(row)
         gates.extend(set_gates)
     if finite_judged:
-        gates.append(Gate("non-finite output values (mixed batches and edge valid_hw rows)", nonfinite, 0, "<="))
+        gates.append(Criterion("non-finite output values (mixed batches and edge valid_hw rows)", nonfinite, 0, "<="))
     failed = structural + [g.describe() for g in gates if not g.passed]
     entry = {"precision": precision, "backend": runner.info.backend, "execution": execution, "gated": gated, "sets": rows,
              "gates": [g.to_dict() for g in gates], "failed_gates": failed, "passed": not failed}
@@ -73,9 +74,11 @@ def score(ref: Reference, precision: str, execution: str, runner: Any, gated: bo
 
 
 def _images_set(precision: str, s: CheckSet, out: dict[str, np.ndarray], ref: dict[str, np.ndarray], ref_acc: dict[str, float],
-                opts: Any, has_real: bool) -> tuple[dict[str, Any], list[Gate], list[str]]:
+                opts: Any, has_real: bool) -> tuple[dict[str, Any], list[Criterion], list[str]]:
     row: dict[str, Any] = {"set": s.name, "real": s.real}
-    gates: list[Gate] = []
+    gate: Gate = opts.gate
+    parity = gate.parity(precision)
+    gates: list[Criterion] = []
     structural: list[str] = []
     # every output PyTorch gives must come out of the graph with the same shape (a head of another size,
     # a renamed output): named here instead of a shape error inside the comparison
@@ -83,7 +86,8 @@ def _images_set(precision: str, s: CheckSet, out: dict[str, np.ndarray], ref: di
         got = f"shape {list(np.shape(out[name]))}" if name in out else "no such output"
         structural.append(f"output {name} on {s.name}: {got} from the graph, shape {list(np.shape(ref[name]))} from PyTorch")
         ref = {k: v for k, v in ref.items() if k != name}
-    judged_here = precision == "fp32" or s.real or not has_real
+    # parity holds on every set; the task thresholds are read on real images (random ones when there are none)
+    judged_here = parity or s.real or not has_real
     if "logits" in ref and "logits" in out:
         stats = compare_outputs("logits", ref["logits"], out["logits"])
         row["logits"] = stats.to_dict()
@@ -92,15 +96,12 @@ def _images_set(precision: str, s: CheckSet, out: dict[str, np.ndarray], ref: di
         if s.labels is not None:
             row["accuracy"] = accuracy(out["logits"], s.labels)
             row["accuracy_drop"] = ref_acc[s.name] - row["accuracy"]
-        if precision == "fp32":  # the absolute limit and the share of the reference's spread across images
-            gates.extend(parity_gates("logit", stats, opts.fp32_max_abs, f" on {s.name}"))
-        elif judged_here:
-            # reduced precision is judged by task gates on real images (random ones when there are none)
-            gates.append(Gate(f"cosine (1st percentile of images) on {s.name}", stats.cosine_p1, opts.cosine_min, ">="))
-            if s.real:
-                gates.append(Gate(f"top-1 agreement on {s.name}", stats.top1_agreement, opts.top1_min, ">="))
-        if s.labels is not None and precision != "fp32":
-            gates.append(Gate(f"accuracy drop on {s.name}", row["accuracy_drop"], opts.accuracy_drop_max, "<="))
+        if judged_here:
+            gates.extend(gate.numeric(precision, stats, "logit", "cosine (1st percentile of images)", f" on {s.name}"))
+            if s.real and not parity:
+                gates.append(gate.agreement(precision, stats.top1_agreement, f"top-1 agreement on {s.name}"))
+        if s.labels is not None and not parity:
+            gates.append(gate.accuracy_drop(precision, row["accuracy_drop"], f"accuracy drop on {s.name}"))
     # The feature outputs the graph declares: max |d| and the worst per-image cosine (fp32), the
     # 1st-percentile per-image cosine (reduced precision), as for the logits.
     for name in FEATURE_OUTPUTS:
@@ -108,36 +109,33 @@ def _images_set(precision: str, s: CheckSet, out: dict[str, np.ndarray], ref: di
             continue
         feat = compare_outputs(name, ref[name], out[name])
         row[name] = {k: v for k, v in feat.to_dict().items() if k not in ("top1_agreement", "top5_agreement")}
-        if precision == "fp32":
-            gates.extend(parity_gates(name, feat, opts.fp32_max_abs, f" on {s.name}"))
-            gates.append(Gate(f"{name} cosine (worst image) on {s.name}", feat.cosine_min, opts.fp32_feature_cosine_min, ">="))
-        elif judged_here:
-            gates.append(Gate(f"{name} cosine (1st percentile of images) on {s.name}", feat.cosine_p1, opts.cosine_min, ">="))
+        if judged_here:
+            gates.extend(gate.numeric(precision, feat, name, f"{name} cosine (1st percentile of images)", f" on {s.name}",
+                                      worst_cosine_name=f"{name} cosine (worst image)"))
     return row, gates, structural
 
 
 def _rows_set(precision: str, s: CheckSet, out: dict[str, np.ndarray], ref: dict[str, np.ndarray], opts: Any,
-              has_task: bool) -> tuple[dict[str, Any], list[Gate], int]:
+              has_task: bool) -> tuple[dict[str, Any], list[Criterion], int]:
     row: dict[str, Any] = {"set": s.name, "real": s.real, "what": s.what}
-    gates: list[Gate] = []
+    gate: Gate = opts.gate
+    parity = gate.parity(precision)
+    gates: list[Criterion] = []
     nonfinite = sum(int((~np.isfinite(out[n])).sum()) for n in ROW_OUTPUTS if n in out)
     for name in ROW_OUTPUTS:
         stats = compare_outputs(name, ref[name], out[name])
         row[name] = {k: v for k, v in stats.to_dict().items() if k != "name"}
-        if precision == "fp32":
-            gates.extend(parity_gates(name, stats, opts.fp32_max_abs, f" on {s.name} (rows vs alone)"))
+        if parity:
+            gates.extend(gate.numeric(precision, stats, name, "", f" on {s.name} (rows vs alone)"))
         elif s.labels is not None or not has_task:
-            gates.append(Gate(f"{name} cosine (1st percentile of rows) on {s.name}", stats.cosine_p1, opts.cosine_min, ">="))
+            gates.extend(gate.numeric(precision, stats, name, f"{name} cosine (1st percentile of rows)", f" on {s.name}"))
     top1 = row["logits"]["top1_agreement"]
-    if precision == "fp32":
-        gates.append(Gate(f"top-1 agreement on {s.name} (rows vs alone)", top1, 1.0, ">="))
-    elif s.labels is not None:
-        gates.append(Gate(f"top-1 agreement on {s.name} (rows vs alone)", top1, opts.top1_min, ">="))
+    if parity or s.labels is not None:  # parity: every row agrees with its image alone
+        gates.append(gate.agreement(precision, top1, f"top-1 agreement on {s.name} (rows vs alone)"))
     if s.labels is not None:
         row["accuracy"] = accuracy(out["logits"], s.labels)
         row["accuracy_drop"] = accuracy(ref["logits"], s.labels) - row["accuracy"]
-        limit = 0.0 if precision == "fp32" else opts.accuracy_drop_max
-        gates.append(Gate(f"accuracy drop on {s.name}", row["accuracy_drop"], limit, "<="))
+        gates.append(gate.accuracy_drop(precision, row["accuracy_drop"], f"accuracy drop on {s.name}"))
     row["passed"] = all(g.passed for g in gates)
     return row, gates, nonfinite
 

@@ -108,7 +108,7 @@ def canvas_summary(bundle: Bundle, contract: InputContract, sets: list[CheckSet]
     first = next((a for a in artifacts if a["precision"] == "fp32" and a.get("sets")), next((a for a in artifacts if a.get("sets")), None))
     rows = {row["set"]: row for row in first["sets"]} if first is not None else {}
     by_name = {s.name: s for s in sets}
-    numbers: dict[str, Any] = {"sizes": by_name["numbers"].meta["sizes"], "canvas": list(contract.size), "limit_max_abs": opts.fp32_max_abs,
+    numbers: dict[str, Any] = {"sizes": by_name["numbers"].meta["sizes"], "canvas": list(contract.size), "limit_max_abs": opts.gate.fp32_max_abs,
                                "reference": "PyTorch, each image alone at its own size"}
     if "numbers" in rows:
         numbers.update({"precision": first["precision"], **rows["numbers"]["logits"], "passed": rows["numbers"]["passed"]})

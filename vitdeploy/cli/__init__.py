@@ -15,10 +15,12 @@ import click
 
 from .. import __version__
 from .common import VitGroup
+from .options import verbosity_options
 
 
 @click.group(cls=VitGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="vitdeploy")
+@verbosity_options
 def main() -> None:
     """Export, verify, quantize, compile and profile Vision Transformer classifiers.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from .common import command, warn_random_weights
@@ -80,7 +82,7 @@ def command(bundle: str, **kw: object) -> None:
         strip_weights=kw["strip_weights"], profile_layers=kw["profile_layers"],
     )  # type: ignore[arg-type]
     request = BuildEngineRequest(bundle, options, kw["trt_version"], kw["dry_run"], kw["print_trtexec"], kw["dla_report"], kw["lint"])  # type: ignore[arg-type]
-    outcome = run(request, log=click.echo)
+    outcome = run(request, log=logging.getLogger(run.__module__).info)  # progress lines: the service's logger
     for line in outcome.lines:
         click.echo(line)
     if outcome.exit_code:

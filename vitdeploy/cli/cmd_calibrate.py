@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from .common import command, echo_json, graph_memory_line, split_csv
+from .options import gate_options, json_option
 
 
 @command("calibrate")
@@ -31,10 +32,7 @@ from .common import command, echo_json, graph_memory_line, split_csv
 @click.option("--eval-data", default=None,
               help="Labelled held-out images for the accuracy gate: DIR/<class>/<image>, a .npz with images + labels, or digits:test (the default for the digits bundle).")
 @click.option("--eval-limit", type=click.IntRange(min=1), default=None, help="Use at most this many held-out images (a seeded random subset).")
-@click.option("--max-drop", type=float, default=1.0, show_default=True, help="Gate: largest accuracy drop against fp32, in points.")
-@click.option("--min-agreement", type=float, default=0.99, show_default=True, help="Gate: smallest top-1 agreement with fp32 (0..1).")
-@click.option("--min-cosine", type=float, default=0.99, show_default=True,
-              help="Gate: smallest per-image cosine similarity of the logits with fp32's (the gate of `vitdeploy check`).")
+@gate_options()
 @click.option("--smooth", "smooth", type=click.Choice(["auto", "none", "layernorm", "all"]), default="auto", show_default=True,
               help="SmoothQuant-style migration of activation outliers into the weights before calibration: layernorm folds it into "
                    "the LayerNorms' gamma/beta (no new node), all also puts a per-channel Mul before attn.proj and mlp.fc2. "
@@ -45,9 +43,9 @@ from .common import command, echo_json, graph_memory_line, split_csv
               help="A recipe file from `vitdeploy debug-precision --precision int8`: exactly that method, target, smoothing and "
                    "layers kept in float (no ladder), gated as usual.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime threads for calibration and scoring.")
-@click.option("--json", "as_json", is_flag=True, help="Print the int8 record as JSON.")
+@json_option("the int8 record")
 def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exclude_roles, sweep, sweep_methods, target, eval_data, eval_limit,
-            max_drop, min_agreement, min_cosine, smooth, smooth_alpha, recipe_file, threads, as_json):
+            gate, smooth, smooth_alpha, recipe_file, threads, as_json):
     """Write BUNDLE/model.int8.onnx: explicit Q/DQ on the linear layers, calibrated and measured.
 
     Q/DQ goes on the inputs of MatMul/Gemm/Conv (symmetric int8 activations, per-channel int8
@@ -69,7 +67,6 @@ def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exc
       vitdeploy calibrate vits-bundle --data ./calib --eval-data ./val --recipe vits-bundle/reports/precision-recipe-int8.json
     """
     from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
-    from vitdeploy.calibration.evaluate import Gate
     from vitdeploy.calibration.exclusions import Exclusions
     from vitdeploy.console import get_console
 
@@ -90,13 +87,12 @@ def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exc
         data=data, samples=samples, method=method, target=target, eval_data=eval_data, eval_limit=eval_limit, sweep=sweep,
         sweep_methods=tuple(split_csv(sweep_methods)),
         exclusions=Exclusions(tuple(split_csv(exclude_op_types)), tuple(split_csv(exclude_blocks)), tuple(split_csv(exclude_roles))),
-        gate=Gate(max_drop_points=max_drop, min_agreement=min_agreement, min_cosine=min_cosine), threads=threads,
+        gate=gate, threads=threads,
         smoothing=smooth, smooth_alpha=smooth_alpha, recipe=recipe,
     )
     err = get_console(stderr=True)
-    log = (lambda _m: None) if as_json else (lambda m: err.print(m, highlight=False))
-    with _CalibrationProgress(err, enabled=not as_json) as progress:
-        record = calibrate_bundle(bundle, options, log=log, progress=progress,
+    with _CalibrationProgress(err, enabled=not as_json) as progress:  # progress lines: calibration's loggers
+        record = calibrate_bundle(bundle, options, progress=progress,
                                   show_table=None if as_json else get_console().print)
     if as_json:
         echo_json(record)

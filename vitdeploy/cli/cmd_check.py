@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, split_csv, warn_random_weights
+from .options import gate_options, json_option
 from ..remote.cli import on_device
 
 
@@ -17,16 +18,12 @@ from ..remote.cli import on_device
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use at most this many real images (a seeded random subset).")
-@click.option("--fp32-max-abs", type=click.FloatRange(min=0, min_open=True), default=1e-4, show_default=True, help="fp32 gate: max |dlogit|.")
-@click.option("--cosine-min", type=click.FloatRange(-1.0, 1.0), default=0.99, show_default=True, help="fp16/int8 gate: 1st percentile of the per-image cosine of logits.")
-@click.option("--top1-min", type=click.FloatRange(0.0, 1.0), default=0.99, show_default=True, help="fp16/int8 gate: top-1 agreement on real images.")
-@click.option("--max-accuracy-drop", type=click.FloatRange(min=0.0), default=1.0, show_default=True, help="fp16/int8 gate: accuracy drop in points.")
+@gate_options(parity=True)
 @click.option("--localise", type=click.Choice(["on-failure", "always", "never"]), default="on-failure", show_default=True,
               help="Compare PyTorch module outputs with the graph's to name the first diverging block.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads for ONNX Runtime and PyTorch.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def command(bundle, precision, data, random_count, seed, batch, limit, fp32_max_abs, cosine_min, top1_min, max_accuracy_drop,
-            localise, threads, as_json):
+@json_option("the report")
+def command(bundle, precision, data, random_count, seed, batch, limit, gate, localise, threads, as_json):
     """Evidence that BUNDLE's graphs compute what PyTorch computes: numbers, accuracy, protocol.
 
     Exit code 0: every gate holds; 1: a gate failed (the report says which and where); 2: usage.
@@ -43,10 +40,9 @@ def command(bundle, precision, data, random_count, seed, batch, limit, fp32_max_
 
     options = CheckOptions(
         precisions=tuple(split_csv(precision)) or None, data=data, random_count=random_count, seed=seed, batch=batch, limit=limit,
-        fp32_max_abs=fp32_max_abs, cosine_min=cosine_min, top1_min=top1_min, accuracy_drop_max=max_accuracy_drop / 100.0,
-        localise=localise, threads=threads,
+        gate=gate, localise=localise, threads=threads,
     )
-    report = run_check(bundle, options, log=(lambda _m: None) if as_json else (lambda m: click.echo(m, err=True)))
+    report = run_check(bundle, options)  # progress lines: the module's logger (vitdeploy -v/-q)
     if as_json:
         echo_json(report)
     else:

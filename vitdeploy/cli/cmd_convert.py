@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, graph_memory_line, split_csv
+from .options import gate_options, json_option
 
 
 @command("convert")
@@ -26,8 +27,9 @@ from .common import command, echo_json, graph_memory_line, split_csv
               help="Range pass threshold: nodes whose values exceed it stay fp32 (default 8188 = fp16's 65504 / 8; inf turns the pass off).")
 @click.option("--recipe", "recipe_file", type=click.Path(dir_okay=False),
               help="An fp16 recipe from `vitdeploy debug-precision --precision fp16`: its keep-fp32 list (added to --keep-fp32).")
-@click.option("--json", "as_json", is_flag=True, help="Print the fp16 record as JSON.")
-def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, recipe_file, as_json):
+@gate_options()
+@json_option("the fp16 record")
+def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, recipe_file, gate, as_json):
     """Add a lower-precision graph (or a CPU-fused graph) to BUNDLE, derived from its fp32 graph.
 
     The fp16 graph keeps the uint8 input and the fp32 logits/probs outputs; the baked preprocessing,
@@ -53,7 +55,7 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
     if target == "cpu":
         from vitdeploy.runtime.fused import CPU_KEY, add_cpu_graph_to_bundle
 
-        path = add_cpu_graph_to_bundle(Bundle.open(bundle), log=click.echo)
+        path = add_cpu_graph_to_bundle(Bundle.open(bundle))
         record = Bundle.open(bundle).artifact_record(CPU_KEY)
         if as_json:
             echo_json(record)
@@ -73,7 +75,7 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
         keep += [k for k in fp16_keep(read_recipe(recipe_file, "fp16")) if k not in keep]
     target = Bundle.open(bundle)
     path = add_fp16_to_bundle(target, keep_fp32_ops=tuple(keep), data=data, eval_data=eval_data, data_max=data_max,
-                              log=None if as_json else click.echo)
+                              gate=gate)
     record = Bundle.open(bundle).artifact_record("fp16")
     if as_json:
         echo_json(record)

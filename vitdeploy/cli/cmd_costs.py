@@ -8,13 +8,14 @@ import click
 
 from ..spec import ViTSpec, parse_resolution
 from .common import command, echo_json, split_csv
+from .options import json_option
 
 
 @command("costs")
 @click.argument("source", required=False)
 @click.option("--resolutions", default=None, help="Comma-separated N or HxW (default: the model's native size).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+@json_option("the table")
 def command(source, resolutions, batch, as_json):
     """Analytic cost of a ViT across resolutions (chapter §39.5): N, L, L^2, MACs, attention share, params.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, split_csv
+from .options import gate_options, json_option
 
 
 @command("debug-precision")
@@ -25,15 +26,13 @@ from .common import command, echo_json, split_csv
 @click.option("--target", type=click.Choice(["tensorrt", "cpu"]), default="tensorrt", show_default=True, help="int8: the Q/DQ flavour.")
 @click.option("--keep-fp32", default="", help="fp16: what the base policy keeps in fp32 already (op types, modules, roles, cells).")
 @click.option("--data-max", type=float, default=None, help="fp16: the range pass threshold of the base policy (default fp16 max / 8).")
-@click.option("--max-drop", type=float, default=1.0, show_default=True, help="Gate: largest accuracy drop against fp32, in points.")
-@click.option("--min-agreement", type=float, default=0.99, show_default=True, help="Gate: smallest top-1 agreement with fp32 (0..1).")
-@click.option("--min-cosine", type=float, default=0.99, show_default=True, help="Gate: smallest 1st-percentile logit cosine with fp32.")
+@gate_options()
 @click.option("--recipe", "recipe_path", type=click.Path(dir_okay=False),
               help="Where to write the recipe (default BUNDLE/reports/precision-recipe-<precision>.json).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime threads.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("the report")
 def command(bundle, precision, data, samples, eval_data, eval_limit, method, smooth, smooth_alpha, target, keep_fp32, data_max,
-            max_drop, min_agreement, min_cosine, recipe_path, threads, as_json):
+            gate, recipe_path, threads, as_json):
     """Find which blocks and roles of BUNDLE must stay in higher precision, and write the recipe.
 
     Each cell (one block's qkv, attention matmuls, attn-proj, mlp-fc1, mlp-fc2; the patch
@@ -54,16 +53,13 @@ def command(bundle, precision, data, samples, eval_data, eval_limit, method, smo
       vitdeploy convert vits-bundle --precision fp16 --recipe vits-bundle/reports/precision-recipe-fp16.json
     """
     from vitdeploy.calibration.debug_precision import DebugOptions, debug_precision
-    from vitdeploy.calibration.evaluate import Gate
     from vitdeploy.console import get_console
 
     options = DebugOptions(precision=precision, data=data, samples=samples, eval_data=eval_data, eval_limit=eval_limit, method=method,
                            smoothing=smooth, smooth_alpha=smooth_alpha, target=target, keep_fp32=tuple(split_csv(keep_fp32)),
-                           data_max=data_max, gate=Gate(max_drop_points=max_drop, min_agreement=min_agreement, min_cosine=min_cosine),
+                           data_max=data_max, gate=gate,
                            threads=threads, recipe_path=recipe_path)
-    err = get_console(stderr=True)
-    log = (lambda _m: None) if as_json else (lambda m: err.print(m, highlight=False))
-    report = debug_precision(bundle, options, log=log)
+    report = debug_precision(bundle, options)  # progress lines: its module's logger
     if as_json:
         echo_json(report)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, warn_random_weights
+from .options import json_option
 
 
 @command("embed")
@@ -19,7 +20,7 @@ from .common import command, echo_json, warn_random_weights
 @click.option("--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime"]), default="auto", show_default=True,
               help="auto: a TensorRT engine whose fingerprint matches this device, else ONNX Runtime.")
 @click.option("--resolution", default=None, help="HxW for a dynamic-resolution bundle (default: the manifest's).")
-@click.option("--json", "as_json", is_flag=True, help="Print what was written (shape, rows, backend) as JSON.")
+@json_option("what was written (shape, rows, backend)")
 def command(bundle: str, images: tuple[str, ...], output: str, patch_grid: bool, normalize: bool, precision: str, backend: str,
             resolution: str | None, as_json: bool) -> None:
     """Embed IMAGES (files, folders, or one uint8 [N,H,W,3] .npy) with BUNDLE into a .npy array.

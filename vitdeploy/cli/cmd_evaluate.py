@@ -7,6 +7,7 @@ import click
 from ..errors import UsageError
 from ..spec import parse_resolution
 from .common import command, echo_json, split_csv, warn_random_weights
+from .options import json_option
 
 _FILLS = ("mean", "gray", "black", "white", "border")
 
@@ -47,7 +48,7 @@ _FILLS = ("mean", "gray", "black", "white", "border")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write the reports here instead of the bundle's reports/ folder.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plots.")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the summary.")
+@json_option(help="Print the JSON report instead of the summary.")
 def command(bundle, images, data, precision, suite, ladder, severities, resolutions, max_drop, occlusion_fill, seed, batch, limit, threads,
             no_reference, skip_unreadable, occlusion_map, occlusion_patch, occlusion_stride, out_dir, no_plot, as_json):
     """Is the deployed model fit for the conditions it will meet? Accuracy of every graph in BUNDLE
@@ -108,7 +109,7 @@ def command(bundle, images, data, precision, suite, ladder, severities, resoluti
         limit=limit, threads=threads, reference=not no_reference, occlusion_fill=occlusion_fill or "mean", skip_unreadable=skip_unreadable,
     )
     with BarProgress(progress_console) as bar:
-        result = run_evaluate(bundle, options, progress=bar, log=(lambda _m: None) if as_json else (lambda m: click.echo(m, err=True)))
+        result = run_evaluate(bundle, options, progress=bar)  # progress lines: its module's logger
     report = result.report
     paths = _write(bundle, report, out_dir, not no_plot)
     if as_json:

@@ -104,5 +104,5 @@ def command(source, out_dir, checkpoint, random_init, num_classes, model_args, l
         normalize_embedding=normalize_embedding,
         external_data_threshold=parse_size(external_data) if external_data is not None else None,
     )
-    bundle = export(source, out_dir, options, log=click.echo)
+    bundle = export(source, out_dir, options)  # progress lines: the exporter's loggers (vitdeploy -v/-q)
     click.echo(f"bundle written: {bundle.root} ({', '.join(bundle.precisions())})")

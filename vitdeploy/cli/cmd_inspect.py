@@ -5,11 +5,12 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, warn_random_weights
+from .options import json_option
 
 
 @command("inspect")
 @click.argument("target", type=click.Path(exists=True))
-@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+@json_option("the full report")
 def command(target, as_json):
     """Show what a bundle or vitdeploy .onnx carries: source, weights hash, spec, preprocessing, labels, cost.
 

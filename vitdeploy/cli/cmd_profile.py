@@ -7,6 +7,7 @@ import click
 from ..errors import UserError
 from ..spec import parse_resolution
 from .common import command, echo_json, parse_int_list, split_csv, warn_random_weights
+from .options import json_option
 from ..remote.cli import on_device
 
 
@@ -36,7 +37,7 @@ from ..remote.cli import on_device
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write the reports here instead of the bundle's reports/ folder.")
 @click.option("--no-plot", is_flag=True, help="Skip reports/profile.png.")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the table.")
+@json_option(help="Print the JSON report instead of the table.")
 @click.option("--plain-graph", is_flag=True, help="On CPUs run model.onnx even where the bundle has the fused model.cpu.onnx (`convert --target cpu`).")
 @click.option("--accuracy", "accuracy_data", default=None, metavar="SOURCE",
               help="Also score each (backend, precision, resolution) on labelled data (digits:test, DIR/<class>/<image>, .npz): "

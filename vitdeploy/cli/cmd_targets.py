@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json
+from .options import json_option
 
 
 @command("targets")
@@ -13,7 +14,7 @@ from .common import command, echo_json
 @click.option("--sources", "show_sources", is_flag=True, help="Also print where every fact was read.")
 @click.option("--check", "check", is_flag=True,
               help="On a Jetson: compare this device's Jetson Linux, module, TensorRT and Python with its JetPack row (exit 1 on a mismatch).")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@json_option(help="Print as JSON.")
 def command(jetpack_filter, module_filter, show_sources, check, as_json):
     """The Jetson targets build-engine can plan for, as data with their sources.
 

@@ -99,7 +99,9 @@ class VitCommand(OneLineErrors, click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         from ..fileio import interrupted
+        from .options import apply_verbosity
 
+        apply_verbosity(ctx)  # the log's level for this command: the group's -v/-q, --json
         try:
             with _signals_unwind():
                 result = super().invoke(ctx)

@@ -313,11 +313,11 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
     """
     from ..evalsets import random_sets, real_set
     from ..data import default_data
-    from ..checks.run import CheckOptions
-    from ..compare import Gate, accuracy, compare_outputs, parity_gates
+    from ..compare import Criterion, accuracy, compare_outputs, parity_gates
+    from ..gate import Gate
     from ..runtime.ort import OrtRunner
 
-    limits = CheckOptions()
+    gate = Gate()  # check's defaults
     ref = OrtRunner(original, precision, optimization="disable", threads=1)
     low = OrtRunner(lowered, precision, optimization="disable", threads=1)
     names = tuple(ref.outputs())
@@ -329,7 +329,7 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
     if data:
         sets.append(real_set(bundle, data))
     sets += random_sets(bundle, random_count, 0)
-    gates: list[Gate] = []
+    gates: list[Criterion] = []
     rows = []
     run_both = _two_input_runs(ref, low, bundle, names)  # variable-size graphs: (images, valid_hw)
     for s in sets:
@@ -341,18 +341,18 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
         for name in names:
             if not np.issubdtype(a[name].dtype, np.floating):
                 if not np.array_equal(a[name], b[name]):
-                    gates.append(Gate(f"{name} identical on {s.name}", 0.0, 1.0, ">="))
+                    gates.append(Criterion(f"{name} identical on {s.name}", 0.0, 1.0, ">="))
                 continue
             stats = compare_outputs(name, a[name], b[name])
             rows.append({"set": s.name, "output": name, "max_abs": stats.max_abs, "cosine_p1": stats.cosine_p1, "top1_agreement": stats.top1_agreement})
             if precision == "fp32":
                 gates.extend(parity_gates(name, stats, FP32_MAX_ABS, f" on {s.name}"))
                 continue
-            gates.append(Gate(f"{name} cosine (1st percentile) on {s.name}", stats.cosine_p1, limits.cosine_min, ">="))
+            gates.extend(gate.numeric(precision, stats, name, f"{name} cosine (1st percentile)", f" on {s.name}"))
             if s.real and s.labels is not None and name == primary:
-                gates.append(Gate(f"top-1 agreement on {s.name}", stats.top1_agreement, limits.top1_min, ">="))
+                gates.append(gate.agreement(precision, stats.top1_agreement, f"top-1 agreement on {s.name}"))
                 drop = accuracy(a[name], s.labels) - accuracy(b[name], s.labels)
-                gates.append(Gate(f"accuracy drop on {s.name}", drop, limits.accuracy_drop_max, "<="))
+                gates.append(gate.accuracy_drop(precision, drop, f"accuracy drop on {s.name}"))
     ref.close()
     low.close()
     failed = [g.describe() for g in gates if not g.passed]

@@ -8,6 +8,7 @@ computed from the predictions afterwards, so strata cost nothing extra.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import time
@@ -25,6 +26,8 @@ from ..errors import UserError
 from .runners import Scorer, check_precisions, engine_scorers, graph_scorer, reference_scorer
 from .score import condition_stats, size_bins, size_strata
 from .transforms import OCCLUSION_FILLS, Context, Transform, foreground_fraction, parse_suite
+
+logger = logging.getLogger(__name__)
 
 SCHEMA = "vitdeploy-evaluate/1"
 CLEAN = "clean"
@@ -96,7 +99,7 @@ def mean_rgb(preprocessing: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progress: Progress | None = None,
-                 log: Callable[[str], None] = lambda _m: None) -> EvaluateResult:
+                 log: Callable[[str], None] = logger.info) -> EvaluateResult:
     from ..data import open_labelled
     from ..images import to_channel_order
 

@@ -23,6 +23,7 @@ Only ONNX and onnxruntime are needed (no torch; imported when a graph is fused):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ import numpy as np
 from .. import onnx_io
 from ..bundle import ARTIFACT_FILES, Bundle, embed_manifest
 from ..errors import CheckFailed, UserError
+
+logger = logging.getLogger(__name__)
 
 CPU_FILE = ARTIFACT_FILES["cpu"]
 CPU_KEY = "cpu"  # the bundle's artifacts entry (not a precision: the graph computes in fp32)
@@ -305,7 +308,7 @@ def gate_cpu_graph(bundle: Bundle, fused: Path | bytes, images_per_size: int = 4
     bundled model's real test split where there is one), on every output."""
     from vitdeploy.evalsets import real_set, verification_sizes
     from vitdeploy.data import default_data
-    from vitdeploy.compare import Gate, compare_outputs, parity_gates
+    from vitdeploy.compare import Criterion, compare_outputs, parity_gates
     from vitdeploy.preprocess import random_images
     from vitdeploy.runtime.ort import OrtRunner
 
@@ -327,9 +330,9 @@ def gate_cpu_graph(bundle: Bundle, fused: Path | bytes, images_per_size: int = 4
             stats = compare_outputs(out, r.reshape(len(r), -1), c.reshape(len(c), -1))
             rows.append({"set": name, **stats.to_dict()})
             gates.extend(parity_gates(f" {out}", stats, MAX_ABS_LIMIT, f" on {name}"))
-            gates.append(Gate(f"worst cosine {out} on {name}", stats.cosine_min, COSINE_MIN, ">="))
+            gates.append(Criterion(f"worst cosine {out} on {name}", stats.cosine_min, COSINE_MIN, ">="))
             if out == "logits":
-                gates.append(Gate(f"top-1 agreement on {name}", stats.top1_agreement, 1.0, ">="))
+                gates.append(Criterion(f"top-1 agreement on {name}", stats.top1_agreement, 1.0, ">="))
     plain.close()
     fused.close()
     failed = [g.describe() for g in gates if not g.passed]
@@ -344,7 +347,7 @@ def _sizes(bundle: Bundle, verification_sizes: Callable[[Bundle], list[tuple[int
     return verification_sizes(bundle)
 
 
-def add_cpu_graph_to_bundle(bundle: Bundle, log: Callable[[str], None] = lambda _m: None, threads: int | None = None) -> Path:
+def add_cpu_graph_to_bundle(bundle: Bundle, log: Callable[[str], None] = logger.info, threads: int | None = None) -> Path:
     """Write ``model.cpu.onnx`` (fused for ONNX Runtime on CPUs) beside the plain graph, gated and recorded."""
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; the CPU graph is written into a bundle folder (export with -o DIR)")
