@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+from vitdeploy import precisions
 from vitdeploy.bundle import Bundle
 from vitdeploy.errors import CheckFailed, InternalError, UserError
 from vitdeploy.lazy import require
@@ -34,7 +35,7 @@ from .evaluate import GATED_EXECUTION, Gate, graph_outputs, load_eval_data, scor
 from .exclusions import Exclusions
 from .precision_units import Trial, Unit, compact_keep, damage, fp16_units, int8_units
 
-PRECISIONS = ("int8", "fp16")
+PRECISIONS = precisions.REDUCED
 
 
 @dataclass
@@ -229,7 +230,7 @@ def debug_precision(path: str | Path, options: DebugOptions | None = None, log: 
 
     opts = options or DebugOptions()
     if opts.precision not in PRECISIONS:
-        raise UserError(f"--precision must be int8 or fp16, got {opts.precision!r}")
+        raise UserError(f"--precision must be {precisions.listing(PRECISIONS, 'or')}, got {opts.precision!r}")
     bundle = Bundle.open(path)
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; debug-precision writes its recipe and reports into a bundle folder")

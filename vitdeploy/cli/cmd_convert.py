@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, graph_memory_line, split_csv
+from .options import precision_option, reduced_names
 
 
 @command("convert")
 @click.argument("bundle", type=click.Path(exists=True))
-@click.option("--precision", type=click.Choice(["fp16", "int8"]), default=None,
-              help="fp16: mixed-precision graph (model.fp16.onnx). INT8 needs calibration data: `vitdeploy calibrate`.")
+@precision_option("fp16: mixed-precision graph (model.fp16.onnx). INT8 needs calibration data: `vitdeploy calibrate`.",
+                  names=reduced_names(), best=False, default=None)
 @click.option("--target", type=click.Choice(["cpu"]), default=None,
               help="cpu: the fp32 graph with ONNX Runtime's fused attention (model.cpu.onnx), gated against model.onnx; "
                    "the runtime and `profile` use it on CPUs, TensorRT keeps the plain graph.")

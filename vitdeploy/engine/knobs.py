@@ -156,6 +156,7 @@ class Knob:
     cli_help: str
     cli_kind: str = "value"  # value | int | flag | choice | path | no-flag (a --no-X flag that sets the knob False)
     cli_metavar: Optional[str] = None
+    cli_choices: Tuple[str, ...] = ()  # the values a choice takes
     check: Optional[_Check] = _as_given  # option value -> plan value (one line when this TensorRT lacks it); None: set later
     words: _Words = _nothing  # plan value -> its words in the plan's description (None: no words)
     trtexec: _Flags = _no_flags  # (plan, caps) -> trtexec flags
@@ -189,7 +190,7 @@ KNOBS: Tuple[Knob, ...] = (
          words=lambda plan: f"timing cache {plan.timing_cache}" if plan.timing_cache else None,
          trtexec=lambda plan, caps: [f"--timingCacheFile={plan.timing_cache}"] if plan.timing_cache else []),
     Knob("hardware_compatibility", "str", "none", "hardware_compatibility", "str", "none",
-         cli=("--hardware-compatible", "--hardware-compat", "hardware_compat"), cli_kind="choice",
+         cli=("--hardware-compatible", "--hardware-compat", "hardware_compat"), cli_kind="choice", cli_choices=HARDWARE_COMPAT,
          cli_help="Hardware-compatible engine: other GPUs of that level, same platform (ampere+: TensorRT >= 8.6; same-cc: >= 10.9).",
          check=_check_hw_compat,
          words=lambda plan: None if plan.hardware_compatibility == "none" else f"hardware-compat {plan.hardware_compatibility}",
@@ -237,11 +238,6 @@ KNOBS: Tuple[Knob, ...] = (
          check=lambda value, caps: bool(value)),
 )
 BY_OPTION: Dict[str, Knob] = {k.option: k for k in KNOBS}
-
-
-def choices(knob: Knob) -> Tuple[str, ...]:
-    """The values a choice knob takes."""
-    return {"hardware_compatibility": HARDWARE_COMPAT}[knob.option]
 
 
 # -- the records the plan types are made of ----------------------------------------------------------------

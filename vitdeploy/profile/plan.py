@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import precisions
 from ..bundle import Bundle
 from ..contract import InputContract
 from ..errors import DeviceError, MissingDependencyError, UsageError, UserError
@@ -19,7 +20,7 @@ from . import gemm_probe
 from .measure import DEFAULT_CV_THRESHOLD, DEFAULT_WARMUP, check_budget, cpu_affinity
 
 BACKENDS = ("ort", "torch", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = precisions.NAMES
 DEVICES = ("auto", "cpu", "cuda")
 GRAPH_BACKENDS = ("ort", "tensorrt")  # backends that run the bundle's ONNX graphs (need the artifact)
 TORCH_MODES = ("auto", "eager", "cuda-graph", "compile")  # exporters/torch_fast.py
