@@ -363,6 +363,7 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
             shutil.copytree(old_dir / sub, stage / sub)
     if old.get("engines"):
         manifest["engines"] = old["engines"]
+        manifest["precisions"] = precisions.manifest_record()  # the order engines are chosen by (Bundle.record_engine)
     if old.get("records"):
         kept = {k: v for k, v in old["records"].items() if k not in ("export_check", "export")}
         manifest["records"] = {**kept, **manifest.get("records", {})}

@@ -170,3 +170,36 @@ def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     table = [["vitdeploy.cli"], ["vitdeploy.runtime"], ["vitdeploy"]]
     assert layer_of("vitdeploy.runtime.ort", table) == 1 and layer_of("vitdeploy.bundle", table) == 2
     assert layer_of("vitdeploy.cli.common", table) < layer_of("vitdeploy.runtime.ort", table)
+
+
+# -- the precision registry (issue 37): precision names are listed in one place ----------------------------------
+PRECISION_HOME = "vitdeploy.precisions"
+
+
+def precision_name_lists(source: str, names: set[str]) -> list[tuple[int, list[str]]]:
+    """(line, names) of every list, tuple or set literal in ``source`` holding two or more precision names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            held = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
+            if len(held) >= 2:
+                found.append((node.lineno, held))
+    return found
+
+
+def test_precision_names_are_listed_only_in_the_registry() -> None:
+    """No list/tuple/set of precision names outside vitdeploy/precisions.py: choices, orders, flag maps and
+    file names read the registry, so a new precision is one entry there (tests may list them)."""
+    from vitdeploy import precisions
+
+    names = set(precisions.NAMES)
+    assert names >= {"fp32", "fp16", "int8"}
+    offenders = [f"{path.relative_to(REPO)}:{line}: {held}" for module, path in MODULES.items() if module != PRECISION_HOME
+                 for line, held in precision_name_lists(path.read_text(), names)]
+    assert offenders == [], "precision names listed outside the registry (read vitdeploy.precisions):\n" + "\n".join(offenders)
+
+
+def test_the_precision_rule_sees_a_list() -> None:
+    names = {"fp32", "fp16", "int8"}
+    planted = 'A = ("fp32", "fp16")\nB = ["best", "int8", "x"]\nC = {"int8", "fp16"}\nD = ("auto", "cpu", "cuda")\nE = f(("fp16",))\n'
+    assert precision_name_lists(planted, names) == [(1, ["fp32", "fp16"]), (3, ["int8", "fp16"])]

@@ -26,6 +26,7 @@ from .errors import IntegrityError, UsageError, UserError
 from .fileio import atomic_write_json, atomic_write_text, sha256_cached
 from .manifest import FORMAT, validate_bundle_manifest, validate_core
 from .precisions import ARTIFACT_FILES, BY_NAME, NAMES, REGISTRY, listing, writers_text  # noqa: F401 - ARTIFACT_FILES re-exported
+from .precisions import manifest_record as precision_record
 from .spec import ViTSpec
 
 MANIFEST = "manifest.json"
@@ -159,6 +160,14 @@ class Bundle:
         self.manifest.setdefault("artifacts", {})[precision] = rec
         # A new graph invalidates what was measured or built from the old one.
         self.drop_stale_records()
+        self.save()
+
+    def record_engine(self, target: str, record: dict[str, Any]) -> None:
+        """Record an engine built into engines/<target>, with the precisions' "best" order from the registry,
+        which readers without vitdeploy (the C++ host library's classify) choose an engine by."""
+        self._require_folder()
+        self.manifest.setdefault("engines", {})[target] = record
+        self.manifest["precisions"] = precision_record()
         self.save()
 
     def set_record(self, key: str, value: Any) -> None:

@@ -382,8 +382,7 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
 
     def record_it() -> None:  # in the same signal-free step as the folder's swap
         if bundle.bare_onnx is None:
-            bundle.manifest.setdefault("engines", {})[target] = record
-            bundle.save()
+            bundle.record_engine(target, record)
 
     with staged_directory(engine_dir, then=record_it) as staging:
         atomic_write_bytes(staging / fingerprint.PLAN_FILE, result.plan_bytes)
