@@ -52,7 +52,8 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
     if (precision is None) == (target is None):
         raise UsageError("give one of --precision fp16 or --target cpu")
     if target == "cpu":
-        from vitdeploy.runtime.fused import CPU_KEY, add_cpu_graph_to_bundle
+        from vitdeploy.exporters.cpu_fused import add_cpu_graph_to_bundle
+        from vitdeploy.runtime.fused import CPU_KEY
 
         path = add_cpu_graph_to_bundle(Bundle.open(bundle), log=click.echo)
         record = Bundle.open(bundle).artifact_record(CPU_KEY)
