@@ -203,3 +203,16 @@ def test_the_precision_rule_sees_a_list() -> None:
     names = {"fp32", "fp16", "int8"}
     planted = 'A = ("fp32", "fp16")\nB = ["best", "int8", "x"]\nC = {"int8", "fp16"}\nD = ("auto", "cpu", "cuda")\nE = f(("fp16",))\n'
     assert precision_name_lists(planted, names) == [(1, ["fp32", "fp16"]), (3, ["int8", "fp16"])]
+
+
+def test_package_docstrings_list_every_module() -> None:
+    """engine/, profile/ and calibration/ describe their modules in __init__'s docstring: every one of them."""
+    missing = []
+    for package in ("vitdeploy.engine", "vitdeploy.profile", "vitdeploy.calibration"):
+        doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+        for module in MODULES:
+            if module.startswith(package + ".") and module.count(".") == package.count(".") + 1:
+                stem = module.rsplit(".", 1)[1]
+                if not re.search(rf"(?<![\w.])\.?{stem}\b", doc):
+                    missing.append(f"{package}: {stem}")
+    assert missing == [], "modules the package docstring does not list:\n" + "\n".join(missing)
