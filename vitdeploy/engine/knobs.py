@@ -144,21 +144,21 @@ def _no_flags(*_: Any) -> List[Any]:
 
 @dataclass(frozen=True)
 class Knob:
-    """One build knob. ``option`` is the PlanOptions field, ``field`` the EnginePlan field it becomes."""
+    """One build knob. ``option`` is the PlanOptions field, ``plan_field`` the EnginePlan field it becomes."""
 
     option: str
     option_type: str  # annotation of the PlanOptions field
     default: Any
-    field: str
-    field_type: str
-    field_default: Any
+    plan_field: str
+    plan_type: str
+    plan_default: Any
     cli: Tuple[str, ...]  # build-engine's option names, then the parameter name
     cli_help: str
     cli_kind: str = "value"  # value | int | flag | choice | path | no-flag (a --no-X flag that sets the knob False)
     cli_metavar: Optional[str] = None
     cli_choices: Tuple[str, ...] = ()  # the values a choice takes
     check: Optional[_Check] = _as_given  # option value -> plan value (one line when this TensorRT lacks it); None: set later
-    words: _Words = _nothing  # plan value -> its words in the plan's description (None: no words)
+    words: _Words = _nothing  # plan -> the knob's words in the plan's description (None: no words)
     trtexec: _Flags = _no_flags  # (plan, caps) -> trtexec flags
     builder: _Steps = _no_flags  # (plan, caps) -> IBuilderConfig steps
     builder_after_precision: bool = False  # its steps follow the precision's BuilderFlags
@@ -248,17 +248,17 @@ def option_fields() -> List[Tuple[str, str, Any]]:
 
 def record_fields(head: List[Tuple[str, str, Any]], tail: List[Tuple[str, str, Any]]) -> List[Tuple[str, str, Any]]:
     """EnginePlan's fields: ``head``, the knob block, ``tail``, with each late knob after the field it names."""
-    out = list(head) + [(k.field, k.field_type, field(default=k.field_default)) for k in KNOBS if k.recorded_after is None] + list(tail)
+    out = list(head) + [(k.plan_field, k.plan_type, field(default=k.plan_default)) for k in KNOBS if k.recorded_after is None] + list(tail)
     for k in KNOBS:
         if k.recorded_after is not None:
             at = next(i for i, f in enumerate(out) if f[0] == k.recorded_after)
-            out.insert(at + 1, (k.field, k.field_type, field(default=k.field_default)))
+            out.insert(at + 1, (k.plan_field, k.plan_type, field(default=k.plan_default)))
     return out
 
 
 def checked_values(options: Any, caps: Capabilities) -> Dict[str, Any]:
     """{EnginePlan field: value} for every knob ``make_plan`` sets, each checked against ``caps``."""
-    return {k.field: k.check(getattr(options, k.option), caps) for k in KNOBS if k.check is not None}
+    return {k.plan_field: k.check(getattr(options, k.option), caps) for k in KNOBS if k.check is not None}
 
 
 # -- what each output says -------------------------------------------------------------------------------
