@@ -42,7 +42,8 @@ def bench_bundle(path: Path, threads: int, rounds: int, iters: int, batch: int, 
     from vitdeploy.costs import vit_costs
     from vitdeploy.exporters.torch_runner import TorchRunner
     from vitdeploy.preprocess import random_images
-    from vitdeploy.runtime.fused import CPU_KEY, add_cpu_graph_to_bundle, cpu_graph_for
+    from vitdeploy.exporters.cpu_fused import add_cpu_graph_to_bundle
+    from vitdeploy.runtime.fused import CPU_KEY, cpu_graph_for
     from vitdeploy.runtime.ort import OrtRunner
 
     bundle = Bundle.open(path)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+from vitdeploy import precisions
 from vitdeploy.bundle import Bundle
 from vitdeploy.errors import CheckFailed, InternalError, UserError
 from vitdeploy.gate import Gate
@@ -38,7 +39,7 @@ from .precision_units import Trial, Unit, compact_keep, damage, fp16_units, int8
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("int8", "fp16")
+PRECISIONS = precisions.REDUCED
 
 
 @dataclass
@@ -233,7 +234,7 @@ def debug_precision(path: str | Path, options: DebugOptions | None = None, log: 
 
     opts = options or DebugOptions()
     if opts.precision not in PRECISIONS:
-        raise UserError(f"--precision must be int8 or fp16, got {opts.precision!r}")
+        raise UserError(f"--precision must be {precisions.listing(PRECISIONS, 'or')}, got {opts.precision!r}")
     bundle = Bundle.open(path)
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; debug-precision writes its recipe and reports into a bundle folder")

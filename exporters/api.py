@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from vitdeploy import onnx_io
+from vitdeploy import onnx_io, precisions
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions, write_labels)
 from vitdeploy.errors import CheckFailed, UsageError, UserError
 from vitdeploy.fileio import atomic_write_json
@@ -358,7 +358,7 @@ def _probe(opts: ExportOptions, height: int, width: int, patch: tuple[int, int])
 
 
 # graphs made from the fp32 graph (reduced precision, and the fused CPU graph): valid while it is unchanged
-DERIVED_GRAPHS = ("fp16", "int8", "cpu")
+DERIVED_GRAPHS = precisions.DERIVED_ARTIFACTS
 
 
 def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: str, log: Callable[[str], None]) -> None:
@@ -385,6 +385,7 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
             shutil.copytree(old_dir / sub, stage / sub)
     if old.get("engines"):
         manifest["engines"] = old["engines"]
+        manifest["precisions"] = precisions.manifest_record()  # the order engines are chosen by (Bundle.record_engine)
     if old.get("records"):
         kept = {k: v for k, v in old["records"].items() if k not in ("export_check", "export")}
         manifest["records"] = {**kept, **manifest.get("records", {})}

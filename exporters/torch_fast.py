@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitdeploy import precisions
 from vitdeploy.bundle import Bundle
 from vitdeploy.errors import UserError
 from vitdeploy.runtime.base import Runner, RunnerInfo, TensorInfo
@@ -89,14 +90,15 @@ class FastTorchRunner(Runner):
             torch.set_num_threads(int(threads))
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError("the torch backend was asked for CUDA but torch sees no GPU; use --device cpu")
-        if dtype not in ("fp32", "fp16"):
-            raise UserError(f"the torch backend runs fp32 or fp16, not {dtype!r}")
+        with_torch = [p.name for p in precisions.REGISTRY if p.torch_dtype]
+        if dtype not in with_torch:
+            raise UserError(f"the torch backend runs {precisions.listing(with_torch, 'or')}, not {dtype!r}")
         if dtype == "fp16" and not device.startswith("cuda"):
             raise UserError("PyTorch fp16 is a GPU baseline; on the CPU use fp32")
         self.requested_mode = check_mode(mode, device)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.torch_dtype = torch.float16 if dtype == "fp16" else torch.float32
+        self.torch_dtype = getattr(torch, precisions.get(dtype).torch_dtype)
         self.preprocessing = preprocessing
         self.float_input = preprocessing.get("input") == "float-nchw"
         self.bgr = preprocessing.get("channel_order", "rgb") == "bgr"

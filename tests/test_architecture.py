@@ -182,7 +182,7 @@ GATE_OPTION_NAMES = {"--min-cosine", "--cosine-min", "--min-top1-agreement", "--
                      "--max-drop", "--fp32-max-abs"}
 # Same-named tolerances that are not the accuracy gate, each with why.
 NOT_THE_GATE = {
-    ("vitdeploy.runtime.fused", "COSINE_MIN"): "model.cpu.onnx against the plain fp32 graph: the same maths reordered",
+    ("vitdeploy.exporters.cpu_fused", "COSINE_MIN"): "model.cpu.onnx against the plain fp32 graph: the same maths reordered",
     ("vitdeploy.engine.lowering", "FP32_MAX_ABS"): "the lowered 8.x fp32 graph against the bundle's fp32 graph",
     ("vitdeploy.cli.cmd_evaluate", "--max-drop"): "evaluate's flag for agreement lost under a shift, not a gate of a graph",
 }
@@ -247,3 +247,49 @@ class Gate: ...
     assert sorted(line.split(" ", 1)[1] for line in found) == sorted([
         "sets COSINE_MIN = 0.99", "defines another class Gate", "sets top1_min = 0.99", "sets max_drop = -1.0",
         "sets min_agreement = 0.9", "declares the option --max-accuracy-drop"]), found
+
+
+# -- the precision registry (issue 37): precision names are listed in one place ----------------------------------
+PRECISION_HOME = "vitdeploy.precisions"
+
+
+def precision_name_lists(source: str, names: set[str]) -> list[tuple[int, list[str]]]:
+    """(line, names) of every list, tuple or set literal in ``source`` holding two or more precision names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            held = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
+            if len(held) >= 2:
+                found.append((node.lineno, held))
+    return found
+
+
+def test_precision_names_are_listed_only_in_the_registry() -> None:
+    """No list/tuple/set of precision names outside vitdeploy/precisions.py: choices, orders, flag maps and
+    file names read the registry, so a new precision is one entry there (tests may list them)."""
+    from vitdeploy import precisions
+
+    names = set(precisions.NAMES)
+    assert names >= {"fp32", "fp16", "int8"}
+    offenders = [f"{path.relative_to(REPO)}:{line}: {held}" for module, path in MODULES.items() if module != PRECISION_HOME
+                 for line, held in precision_name_lists(path.read_text(), names)]
+    assert offenders == [], "precision names listed outside the registry (read vitdeploy.precisions):\n" + "\n".join(offenders)
+
+
+def test_the_precision_rule_sees_a_list() -> None:
+    names = {"fp32", "fp16", "int8"}
+    planted = 'A = ("fp32", "fp16")\nB = ["best", "int8", "x"]\nC = {"int8", "fp16"}\nD = ("auto", "cpu", "cuda")\nE = f(("fp16",))\n'
+    assert precision_name_lists(planted, names) == [(1, ["fp32", "fp16"]), (3, ["int8", "fp16"])]
+
+
+def test_package_docstrings_list_every_module() -> None:
+    """engine/, profile/ and calibration/ describe their modules in __init__'s docstring: every one of them."""
+    missing = []
+    for package in ("vitdeploy.engine", "vitdeploy.profile", "vitdeploy.calibration"):
+        doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+        for module in MODULES:
+            if module.startswith(package + ".") and module.count(".") == package.count(".") + 1:
+                stem = module.rsplit(".", 1)[1]
+                if not re.search(rf"(?<![\w.])\.?{stem}\b", doc):
+                    missing.append(f"{package}: {stem}")
+    assert missing == [], "modules the package docstring does not list:\n" + "\n".join(missing)

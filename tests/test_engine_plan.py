@@ -6,6 +6,7 @@ import pytest
 from engine_fixtures import write_bundle
 
 from vitdeploy.engine import versions
+from vitdeploy.engine.knobs import parse_workspace_size
 from vitdeploy.engine.plan import (
     PATH_LEGACY,
     PATH_STRONGLY_TYPED,
@@ -15,7 +16,6 @@ from vitdeploy.engine.plan import (
     make_plan,
     parse_batch,
     parse_resolution_range,
-    parse_size,
 )
 from vitdeploy.errors import ConfigError, UserError
 
@@ -71,13 +71,13 @@ def test_option_parsers():
     assert parse_batch("4") == (4, 4, 4)
     assert parse_resolution_range("224:224:384") == ((224, 224, 384), (224, 224, 384))
     assert parse_resolution_range("224x320") == ((224, 224, 224), (320, 320, 320))
-    assert parse_size("4G") == 4 << 30 and parse_size("512M") == 512 << 20 and parse_size("1024") == 1 << 30
-    assert parse_size("1.5GiB") == int(1.5 * (1 << 30))
+    assert parse_workspace_size("4G") == 4 << 30 and parse_workspace_size("512M") == 512 << 20 and parse_workspace_size("1024") == 1 << 30
+    assert parse_workspace_size("1.5GiB") == int(1.5 * (1 << 30))
     for bad, match in (("8:1:32", "MIN <= OPT <= MAX"), ("1:8", "MIN:OPT:MAX"), ("a:b:c", "integers"), ("0:1:2", "positive")):
         with pytest.raises(UserError, match=match):
             parse_batch(bad)
     with pytest.raises(UserError, match="below 1 MiB"):
-        parse_size("10K")
+        parse_workspace_size("10K")
 
 
 # -- precision paths --------------------------------------------------------------------------------

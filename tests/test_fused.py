@@ -16,7 +16,8 @@ from vitdeploy.bundle import Bundle
 from vitdeploy.cli import main
 from vitdeploy.errors import CheckFailed
 from vitdeploy.preprocess import random_images
-from vitdeploy.runtime import fused as fused_mod
+from vitdeploy.exporters import cpu_fused as fused_mod
+from vitdeploy.runtime import fused as fused_reader
 from vitdeploy.runtime.ort import OrtRunner
 
 pytestmark = pytest.mark.slow
@@ -85,9 +86,9 @@ def test_stale_or_failed_cpu_graph_is_not_used(digits_bundle, copy_bundle):
     path = copy_bundle(digits_bundle)
     assert _convert(path)[0] == 0
     bundle = Bundle.open(path)
-    assert fused_mod.cpu_graph_for(bundle) == path / "model.cpu.onnx"
+    assert fused_reader.cpu_graph_for(bundle) == path / "model.cpu.onnx"
     bundle.manifest["artifacts"]["cpu"]["derived_from"] = "0" * 64  # made from another fp32 graph
-    assert fused_mod.cpu_graph_for(bundle) is None
+    assert fused_reader.cpu_graph_for(bundle) is None
 
 
 def test_dynamic_timm_graph_with_sdpa_and_folded_biases_fuses(export_cached, tmp_path, copy_bundle):

@@ -123,7 +123,7 @@ def test_bundle_graph_segments_into_vit_modules(digits_bundle):
     import onnx
 
     model = onnx.load(str(digits_bundle.root / "model.onnx"))
-    index = layer_modules.GraphIndex.from_onnx(model, digits_bundle.manifest["graph"]["module_outputs"])
+    index = layer_modules.NodeGroups.from_onnx(model, digits_bundle.manifest["graph"]["module_outputs"])
     assert index.evidence == "module_outputs + graph order"
     ops = {n.name or n.output[0]: n.op_type for n in model.graph.node}
     by_op = lambda op: {index.group[n] for n, t in ops.items() if t == op}  # noqa: E731

@@ -25,15 +25,16 @@ from typing import Any
 from .errors import IntegrityError, UsageError, UserError
 from .fileio import atomic_write_json, atomic_write_text, sha256_cached
 from .manifest import FORMAT, validate_bundle_manifest, validate_core
+from .precisions import ARTIFACT_FILES, BY_NAME, NAMES, REGISTRY, listing, writers_text  # noqa: F401 - ARTIFACT_FILES re-exported
+from .precisions import manifest_record as precision_record
 from .spec import ViTSpec
 
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"
 METADATA_KEY = "vitdeploy.manifest"
-# "cpu" is not a precision: the fp32 graph with ONNX Runtime's fused attention, for CPU targets only
-# (`vitdeploy convert --target cpu`; vitdeploy.runtime.fused). TensorRT always gets the plain graph.
-ARTIFACT_FILES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx", "cpu": "model.cpu.onnx"}
-PRECISIONS = ("fp32", "fp16", "int8")
+# Graph files by manifest["artifacts"] key: the precisions and the backend variants ("cpu": the fp32 graph with
+# ONNX Runtime's fused attention, `vitdeploy convert --target cpu`), all from vitdeploy.precisions.
+PRECISIONS = NAMES
 
 # Keys of the manifest that are bound into the ONNX file itself (the "manifest core"): everything
 # needed to run and interpret the graph. Records of later steps (engines, reports) stay outside.
@@ -98,7 +99,7 @@ class Bundle:
         return self.manifest.get("name") or self.root.name
 
     def precisions(self) -> list[str]:
-        """Precisions whose graph is present, in fp32, fp16, int8 order."""
+        """Precisions whose graph is present, in registry order (fp32 first)."""
         if self.bare_onnx is not None:
             return [self.manifest.get("graph", {}).get("precision", "fp32")]
         arts = self.manifest.get("artifacts", {})
@@ -112,11 +113,7 @@ class Bundle:
             return self.bare_onnx
         record = self.manifest.get("artifacts", {}).get(precision)
         if record is None or not (self.root / record["file"]).is_file():
-            hint = {
-                "fp32": "re-export it with `vitdeploy export`",
-                "fp16": "create it with `vitdeploy convert --precision fp16` or `export --precision fp16`",
-                "int8": "create it with `vitdeploy calibrate`",
-            }.get(precision, "")
+            hint = BY_NAME[precision].make_hint if precision in BY_NAME else ""
             raise UserError(f"bundle {self.root} has no {precision} graph; {hint}")
         path = self.root / record["file"]
         self.verify_file(path, record["sha256"], f"{precision} graph")
@@ -165,6 +162,14 @@ class Bundle:
         self.drop_stale_records()
         self.save()
 
+    def record_engine(self, target: str, record: dict[str, Any]) -> None:
+        """Record an engine built into engines/<target>, with the precisions' "best" order from the registry,
+        which readers without vitdeploy (the C++ host library's classify) choose an engine by."""
+        self._require_folder()
+        self.manifest.setdefault("engines", {})[target] = record
+        self.manifest["precisions"] = precision_record()
+        self.save()
+
     def set_record(self, key: str, value: Any) -> None:
         self._require_folder()
         self.manifest.setdefault("records", {})[key] = value
@@ -189,13 +194,14 @@ class Bundle:
 
 def refuse_export_precisions(requested: tuple[str, ...] | list[str]) -> None:
     """`export --precision` writes fp32 and fp16; say where every other name comes from, or that it doesn't."""
-    unknown = sorted(set(requested) - {"fp32", "fp16"})
-    if "int8" in unknown:
-        raise UsageError("export writes fp32 and fp16 graphs; int8 needs calibration images: export, then run "
+    exported = [p.name for p in REGISTRY if p.exported]
+    unknown = sorted(set(requested) - set(exported))
+    calibrated = [p for p in unknown if p in BY_NAME and "calibrate" in BY_NAME[p].passes]
+    if calibrated:
+        raise UsageError(f"export writes {listing(exported)} graphs; {calibrated[0]} needs calibration images: export, then run "
                          "`vitdeploy calibrate BUNDLE --data DIR`")
     if unknown:
-        raise UsageError(f"--precision {','.join(unknown)}: not a precision vitdeploy writes; it writes fp32 and fp16 "
-                         "(export, convert) and int8 (calibrate)")
+        raise UsageError(f"--precision {','.join(unknown)}: not a precision vitdeploy writes; it writes {writers_text()}")
 
 
 def write_labels(path: Path, labels: list[str]) -> None:

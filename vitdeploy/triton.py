@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import precisions
 from .bundle import Bundle
 from .contract import InputContract
 from .errors import ConfigError, UserError
@@ -239,7 +240,7 @@ def _tensorrt_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path],
         engine = chosen[0]
     else:
         # One engine per GPU/TensorRT target is normal; which server it is for, only the user knows.
-        wanted = ("int8", "fp16", "fp32") if opts.precision == "best" else (opts.precision,)
+        wanted = precisions.BEST_ORDER if opts.precision == precisions.BEST else (opts.precision,)
         tier = next(([e for e in engines if e.precision == p] for p in wanted if any(e.precision == p for e in engines)), [])
         if not tier:
             raise UserError(f"bundle {bundle.root} has no {opts.precision} engine (has: {', '.join(e.target for e in engines)})")

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import __version__
+from .. import precisions as registry
 from ..bundle import Bundle
 from ..compare import accuracy
 from ..contract import InputContract
@@ -114,9 +115,9 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
         graph = bundle.artifact_path(precision)
         record = bundle.artifact_record(precision)
         # artifact_path has verified the graph and its external data file against the manifest (sha256 of both)
-        policy = placement(bundle, precision) if precision not in ("fp32", "cpu") else None
-        # the fused CPU graph (model.cpu.onnx) computes in fp32: the fp32 gates, against PyTorch as well
-        computes_in = "fp32" if precision == "cpu" else precision
+        # a backend variant computes in its precision (model.cpu.onnx: fp32): those gates, against PyTorch as well
+        computes_in = registry.computes_in(precision)
+        policy = placement(bundle, precision) if registry.get(computes_in).reduced else None
         for execution, level, gated in executions(bundle, precision):
             started = time.perf_counter()
             runner = onnxruntime_runner(bundle, contract, computes_in, threads=opts.threads, optimization=level, graph=graph).runner

@@ -7,34 +7,39 @@ import logging
 import click
 
 from .common import command, warn_random_weights
+from .options import best_rule, graph_files, precision_option
+from ..engine import knobs
 from ..remote.cli import on_device
+
+
+def knob_options(f):
+    """One click option per build knob, from its declaration in ``vitdeploy.engine.knobs``."""
+    for knob in reversed(knobs.KNOBS):  # click lists options in decoration order, the innermost last
+        if knob.cli_kind == "choice":
+            extra = {"type": click.Choice(list(knob.cli_choices)), "default": knob.default, "show_default": True}
+        else:
+            extra = {"value": {}, "int": {"type": int}, "path": {"type": click.Path(dir_okay=False)},
+                     "flag": {"is_flag": True}, "no-flag": {"is_flag": True}}[knob.cli_kind]
+        f = click.option(*knob.cli, metavar=knob.cli_metavar, help=knob.cli_help, **extra)(f)
+    return f
+
+
+def knob_values(kw: dict) -> dict:
+    """PlanOptions' knob fields from the parsed options (a --no-X flag sets its knob False)."""
+    return {k.option: (not kw[k.cli[-1]]) if k.cli_kind == "no-flag" else kw[k.cli[-1]] for k in knobs.KNOBS}
 
 
 @command("build-engine")
 @on_device(inputs=("calib_data", "calib_cache", "timing_cache"), outputs=("calib_cache", "timing_cache"))  # --on HOST
 @click.argument("bundle", type=click.Path())
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "best"]), default="best", show_default=True,
-              help="Which graph to compile: model.onnx, model.fp16.onnx, model.int8.onnx; best = int8, else fp16, else fp32.")
+@precision_option(f"Which graph to compile: {graph_files()}; best = {best_rule()}.", best_first=False)
 @click.option("--legacy-precision", is_flag=True,
               help="TensorRT < 11 only: fp32 graph + FP16/INT8 builder flags (+ entropy calibrator for int8).")
 @click.option("--batch", "batch", multiple=True, metavar="MIN:OPT:MAX",
               help="Batch range of a profile (default 1:8:32; 1 with --dla-core). Repeat for several profiles.")
 @click.option("--resolution", "resolution", multiple=True, metavar="MIN:OPT:MAX",
               help="H/W range of a profile for dynamic-resolution graphs, e.g. 224:224:384 or 224x320. Repeatable.")
-@click.option("--workspace", metavar="SIZE", help="Workspace memory limit, e.g. 4G or 512M (plain numbers are MiB).")
-@click.option("--opt-level", type=int, help="Builder optimisation level 0..5 (TensorRT >= 8.6; its default is 3).")
-@click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save a timing cache, keyed by TensorRT version and GPU.")
-@click.option("--hardware-compatible", "--hardware-compat", "hardware_compat", type=click.Choice(["none", "ampere+", "same-cc"]),
-              default="none", show_default=True,
-              help="Hardware-compatible engine: other GPUs of that level, same platform (ampere+: TensorRT >= 8.6; same-cc: >= 10.9).")
-@click.option("--version-compatible", is_flag=True, help="Version-compatible engine: runs on later TensorRT of the same major (>= 8.6).")
-@click.option("--profile-layers", is_flag=True,
-              help="Build with detailed profiling verbosity, then profile per layer with trtexec (or print that command): "
-                   "time per ViT block, attention/MLP, beside the cost model.")
-@click.option("--strip-weights", is_flag=True,
-              help="Weight-stripped plan (TensorRT >= 10): small engine, refit from the bundle's ONNX on the device before first use.")
-@click.option("--dla-core", type=int, help="Jetson: run on DLA core N with GPU fallback (fp16/int8, static shapes).")
-@click.option("--no-gpu-fallback", is_flag=True, help="With --dla-core: fail unless every layer runs on DLA.")
+@knob_options
 @click.option("--calib-data", type=click.Path(dir_okay=False), help="Legacy INT8: uint8 images [N,H,W,3] as .npy.")
 @click.option("--calib-cache", type=click.Path(dir_okay=False), help="Legacy INT8: calibration cache to read/write.")
 @click.option("--calib-batch", type=int, default=8, show_default=True, help="Legacy INT8: calibration batch size.")
@@ -75,11 +80,8 @@ def command(bundle: str, **kw: object) -> None:
 
     options = PlanOptions(
         precision=kw["precision"], legacy_precision=kw["legacy_precision"], batch=tuple(kw["batch"]),
-        resolution=tuple(kw["resolution"]), workspace=kw["workspace"], optimization_level=kw["opt_level"],
-        timing_cache=kw["timing_cache"], hardware_compatibility=kw["hardware_compat"],
-        version_compatible=kw["version_compatible"], dla_core=kw["dla_core"], gpu_fallback=not kw["no_gpu_fallback"],
+        resolution=tuple(kw["resolution"]), **knob_values(kw),
         calib_data=kw["calib_data"], calib_cache=kw["calib_cache"], calib_batch=kw["calib_batch"], target=kw["target"],
-        strip_weights=kw["strip_weights"], profile_layers=kw["profile_layers"],
     )  # type: ignore[arg-type]
     request = BuildEngineRequest(bundle, options, kw["trt_version"], kw["dry_run"], kw["print_trtexec"], kw["dla_report"], kw["lint"])  # type: ignore[arg-type]
     outcome = run(request, log=logging.getLogger(run.__module__).info)  # progress lines: the service's logger

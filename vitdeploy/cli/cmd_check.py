@@ -5,14 +5,14 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, split_csv, warn_random_weights
-from .options import gate_options, json_option
+from .options import gate_options, json_option, precision_list_option
 from ..remote.cli import on_device
 
 
 @command("check")
 @on_device(inputs=("data",))  # --on HOST: run on a device over ssh (vitdeploy/remote)
 @click.argument("bundle", type=click.Path(exists=True))
-@click.option("--precision", default=None, help="Graphs to check, comma-separated (default: every graph in the bundle).")
+@precision_list_option("Graphs to check, comma-separated (default: every graph in the bundle).")
 @click.option("--data", default=None, help="Real labelled images: digits:test, DIR/<class>/<image>, a .npz with images + labels, or a uint8 .npy at the input size (default: the bundled model's test split).")
 @click.option("--images", "random_count", type=click.IntRange(min=1), default=64, show_default=True, help="Seeded random images per size.")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, graph_memory_line, split_csv
-from .options import gate_options, json_option
+from .options import gate_options, json_option, precision_option, reduced_names
 
 
 @command("convert")
 @click.argument("bundle", type=click.Path(exists=True))
-@click.option("--precision", type=click.Choice(["fp16", "int8"]), default=None,
-              help="fp16: mixed-precision graph (model.fp16.onnx). INT8 needs calibration data: `vitdeploy calibrate`.")
+@precision_option("fp16: mixed-precision graph (model.fp16.onnx). INT8 needs calibration data: `vitdeploy calibrate`.",
+                  names=reduced_names(), best=False, default=None)
 @click.option("--target", type=click.Choice(["cpu"]), default=None,
               help="cpu: the fp32 graph with ONNX Runtime's fused attention (model.cpu.onnx), gated against model.onnx; "
                    "the runtime and `profile` use it on CPUs, TensorRT keeps the plain graph.")
@@ -53,7 +53,8 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
     if (precision is None) == (target is None):
         raise UsageError("give one of --precision fp16 or --target cpu")
     if target == "cpu":
-        from vitdeploy.runtime.fused import CPU_KEY, add_cpu_graph_to_bundle
+        from vitdeploy.exporters.cpu_fused import add_cpu_graph_to_bundle
+        from vitdeploy.runtime.fused import CPU_KEY
 
         path = add_cpu_graph_to_bundle(Bundle.open(bundle))
         record = Bundle.open(bundle).artifact_record(CPU_KEY)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, split_csv
-from .options import gate_options, json_option
+from .options import gate_options, json_option, precision_option, reduced_names
 
 
 @command("debug-precision")
 @click.argument("bundle", type=click.Path(exists=True))
-@click.option("--precision", type=click.Choice(["int8", "fp16"]), required=True, help="The reduced precision to debug.")
+@precision_option("The reduced precision to debug.", names=reduced_names("best"), best=False, required=True)
 @click.option("--data", default=None,
               help="int8: calibration images; fp16: range images (default: digits:train for the digits bundle).")
 @click.option("--samples", type=click.IntRange(min=1), default=512, show_default=True, help="int8: calibration images to use.")

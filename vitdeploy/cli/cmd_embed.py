@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import command, echo_json, warn_random_weights
-from .options import json_option
+from .options import json_option, precision_option
 
 
 @command("embed")
@@ -15,8 +15,7 @@ from .options import json_option
               help="The .npy file to write: [N, d] embeddings, or [N, d, G_h, G_w] with --patch-grid (written atomically).")
 @click.option("--patch-grid", "patch_grid", is_flag=True, help="Write the patch grid instead of the pooled embedding.")
 @click.option("--normalize", is_flag=True, help="L2-normalise the embeddings (a graph exported with --normalize-embedding already is).")
-@click.option("--precision", type=click.Choice(["best", "fp32", "fp16", "int8"]), default="best", show_default=True,
-              help="Which graph/engine to run; best: the lowest-precision engine built for this GPU, fp32 on CPU.")
+@precision_option("Which graph/engine to run; best: the lowest-precision engine built for this GPU, fp32 on CPU.")
 @click.option("--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime"]), default="auto", show_default=True,
               help="auto: a TensorRT engine whose fingerprint matches this device, else ONNX Runtime.")
 @click.option("--resolution", default=None, help="HxW for a dynamic-resolution bundle (default: the manifest's).")

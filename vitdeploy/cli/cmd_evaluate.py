@@ -7,7 +7,7 @@ import click
 from ..errors import UsageError
 from ..spec import parse_resolution
 from .common import command, echo_json, split_csv, warn_random_weights
-from .options import json_option
+from .options import json_option, precision_list_option
 
 _FILLS = ("mean", "gray", "black", "white", "border")
 
@@ -17,7 +17,7 @@ _FILLS = ("mean", "gray", "black", "white", "border")
 @click.argument("images", nargs=-1)
 @click.option("--data", default=None, help="Labelled images: digits:test, DIR/<class>/<image> (folders named after labels), "
               "or a .npz with images uint8 [N,H,W,3] + labels (default: the bundled model's test split).")
-@click.option("--precision", default=None, help="Graphs to score, comma-separated (default: every graph in the bundle).")
+@precision_list_option("Graphs to score, comma-separated (default: every graph in the bundle).")
 @click.option("--suite", default="all", show_default=True,
               help="Shift transforms: all, none, or comma-separated names (crop, scale, jpeg, occlusion, occlusion-aligned, "
                    "background-solid, background-noise, background-texture, brightness, contrast).")

@@ -6,7 +6,7 @@ import click
 
 from ..errors import UserError
 from .common import command, echo_json, warn_random_weights
-from .options import json_option
+from .options import json_option, precision_option
 from ..remote.cli import on_device
 
 
@@ -16,13 +16,7 @@ from ..remote.cli import on_device
 @click.argument("images", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=5, show_default=True, help="Classes to show per image.")
 @json_option(help='Print [{"image": ..., "top": [{"label": ..., "prob": ...}]}].')
-@click.option(
-    "--precision",
-    type=click.Choice(["best", "fp32", "fp16", "int8"]),
-    default="best",
-    show_default=True,
-    help="Which graph/engine to run; best: the lowest-precision engine built for this GPU, fp32 on CPU.",
-)
+@precision_option("Which graph/engine to run; best: the lowest-precision engine built for this GPU, fp32 on CPU.")
 @click.option(
     "--backend",
     type=click.Choice(["auto", "tensorrt", "onnxruntime"]),

@@ -7,7 +7,8 @@ import click
 from ..errors import UserError
 from ..spec import parse_resolution
 from .common import command, echo_json, parse_int_list, split_csv, warn_random_weights
-from .options import json_option
+from .. import precisions as registry
+from .options import json_option, precision_list_option
 from ..remote.cli import on_device
 
 
@@ -19,7 +20,7 @@ from ..remote.cli import on_device
               help="Variable-size bundles: comma-separated fill ratios in (0, 1], mean valid area / canvas area, one cell each "
                    "[default: 1.0,0.5,0.25]; sizes drawn by a declared seeded rule (whole patches, every aspect ratio that fits).")
 @click.option("--batch", "batches", default="1", show_default=True, help="Comma-separated batch sizes.")
-@click.option("--precision", "precisions", default=None, help="Comma-separated fp32, fp16, int8 (default: every graph in the bundle).")
+@precision_list_option(f"Comma-separated {', '.join(registry.NAMES)} (default: every graph in the bundle).", param="precisions")
 @click.option("--backend", "backends", default="ort", show_default=True, help="Comma-separated ort, torch, tensorrt.")
 @click.option("--iterations", type=int, default=None, help="Timed calls per cell (instead of --duration).")
 @click.option("--duration", type=float, default=None, help="Seconds of timed calls per cell, at least 10 calls [default: 3].")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import command, warn_random_weights
+from .options import precision_option
 
 
 @command("serve")
@@ -24,7 +25,7 @@ from .common import command, warn_random_weights
     show_default=True,
     help="auto: a TensorRT engine whose fingerprint matches this device, else ONNX Runtime (as `predict`).",
 )
-@click.option("--precision", type=click.Choice(["best", "fp32", "fp16", "int8"]), default="best", show_default=True, help="Which graph/engine to serve (as `predict`).")
+@precision_option("Which graph/engine to serve (as `predict`).")
 @click.option("--name", default=None, help="Model name (default: the bundle's, as `triton-repo` names it).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads per instance (default: ORT's).")
 @click.option("--drain-timeout", "drain_timeout_s", type=click.IntRange(min=0), default=30, show_default=True, help="On SIGTERM/SIGINT: seconds to let accepted requests finish.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import command, warn_random_weights
+from .options import precision_option
 
 
 @command("triton-repo")
@@ -17,7 +18,7 @@ from .common import command, warn_random_weights
 @click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True, help="Model instances (instance_group count).")
 @click.option("--kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True, help="Where the instances run.")
 @click.option("--name", default=None, help="Model name in the repository (default: the bundle's name).")
-@click.option("--precision", type=click.Choice(["best", "fp32", "fp16", "int8"]), default="best", show_default=True, help="Which graph/engine to serve.")
+@precision_option("Which graph/engine to serve.")
 @click.option("--engine", "engine", default=None, help="tensorrt: which engines/<TARGET> to serve (when the bundle has several).")
 def command(bundle: str, out: str, backend: str, max_batch: int, dynamic_batching: bool, queue_delay_us: int, instances: int, kind: str, name: str | None, precision: str, engine: str | None) -> None:
     """Write OUT/<model>/ (config.pbtxt, labels, 1/model.onnx or 1/model.plan) for BUNDLE.

@@ -20,9 +20,11 @@ from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from .. import precisions
 from ..errors import CheckFailed, ConfigError, DeviceError, UserError
 from ..fileio import atomic_write_bytes
-from . import portable
+from . import knobs
+from .knobs import Ref, Step  # noqa: F401 - re-exported (service, tests)
 from .plan import PATH_LEGACY, EnginePlan
 from .versions import Capabilities, capabilities_of, resolve
 
@@ -82,22 +84,6 @@ LEGACY_CALIBRATION_API = (
 
 
 @dataclass(frozen=True)
-class Ref:
-    """A name inside the tensorrt module, resolved only when the recipe is applied."""
-
-    path: str
-
-
-@dataclass(frozen=True)
-class Step:
-    """``config.<member>(*args)``, or ``config.<member> = args[0]`` when ``assign``."""
-
-    member: str
-    args: tuple[Any, ...] = ()
-    assign: bool = False
-
-
-@dataclass(frozen=True)
 class BuildRecipe:
     network_flags: tuple[Ref, ...]
     config_steps: tuple[Step, ...]
@@ -136,37 +122,14 @@ def recipe(plan: EnginePlan, caps: Capabilities) -> BuildRecipe:
             f"TensorRT {caps.version} has no FP16/INT8 builder flags (removed in 11); build the strongly typed graph instead"
         )
 
-    steps: list[Step] = []
-    if plan.workspace_bytes:
-        steps.append(Step("set_memory_pool_limit", (Ref("MemoryPoolType.WORKSPACE"), int(plan.workspace_bytes))))
-    if plan.optimization_level is not None:
-        steps.append(Step("builder_optimization_level", (int(plan.optimization_level),), assign=True))
-    if plan.hardware_compatibility != "none":
-        level = {"ampere+": "AMPERE_PLUS", "same-cc": "SAME_COMPUTE_CAPABILITY"}[plan.hardware_compatibility]
-        steps.append(Step("hardware_compatibility_level", (Ref(f"HardwareCompatibilityLevel.{level}"),), assign=True))
-    if plan.version_compatible:
-        steps.append(Step("set_flag", (Ref("BuilderFlag.VERSION_COMPATIBLE"),)))
-    if plan.profile_layers:
-        steps.append(Step("profiling_verbosity", (Ref("ProfilingVerbosity.DETAILED"),), assign=True))
-    if plan.strip_weights:
-        if not (caps.strip_plan and caps.refit_identical):
-            raise ConfigError(f"TensorRT {caps.version} has no weight-stripped plans (STRIP_PLAN + REFIT_IDENTICAL, 10.0+)")
-        for flag in portable.recipe_flags(plan):
-            steps.append(Step("set_flag", (Ref(f"BuilderFlag.{flag}"),)))
-    for flag in plan.builder_flags:
-        steps.append(Step("set_flag", (Ref(f"BuilderFlag.{flag}"),)))
-    if plan.dla_core is not None:
-        steps.append(Step("default_device_type", (Ref("DeviceType.DLA"),), assign=True))
-        steps.append(Step("DLA_core", (int(plan.dla_core),), assign=True))
-        if plan.gpu_fallback:
-            steps.append(Step("set_flag", (Ref("BuilderFlag.GPU_FALLBACK"),)))
+    steps = knobs.builder_steps(plan, caps, tuple(plan.builder_flags))
 
     # one set_shape per graph input per profile: the images and, for variable-size bundles, valid_hw [B, 2]
     profiles = tuple(
         {name: tuple(s[k] for k in ("min", "opt", "max")) for name, s in plan.input_shapes(p).items()}  # type: ignore[misc]
         for p in plan.profiles
     )
-    calibrator = plan.precision_path == PATH_LEGACY and plan.precision == "int8"
+    calibrator = plan.precision_path == PATH_LEGACY and precisions.get(plan.precision).legacy_needs_calibration
     if calibrator and not caps.int8_calibrator:
         raise ConfigError(f"TensorRT {caps.version} has no implicit INT8 calibration (removed in 11)")
     query = "supports_model_v2" if caps.supports_model_v2 else "supports_model"

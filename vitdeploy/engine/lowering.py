@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import precisions
 from ..errors import UserError
 from ..lazy import require
 from .parser_rules import REDUCE_OPS_AXES_INPUT_18, ParserRules
@@ -345,7 +346,7 @@ def verify(original: Any, lowered: Any, precision: str, bundle: Any, random_coun
                 continue
             stats = compare_outputs(name, a[name], b[name])
             rows.append({"set": s.name, "output": name, "max_abs": stats.max_abs, "cosine_p1": stats.cosine_p1, "top1_agreement": stats.top1_agreement})
-            if precision == "fp32":
+            if not precisions.get(precision).reduced:
                 gates.extend(parity_gates(name, stats, FP32_MAX_ABS, f" on {s.name}"))
                 continue
             gates.extend(gate.numeric(precision, stats, name, f"{name} cosine (1st percentile)", f" on {s.name}"))

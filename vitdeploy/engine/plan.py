@@ -17,24 +17,24 @@ Precision paths:
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, make_dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence, Tuple
 
+from .. import precisions
 from ..errors import ConfigError, UserError
 from ..spec import check_resolution, parse_resolution
+from . import knobs
 from .graph_io import (BatchedInput, GraphTensor, InputLayout, graph_inputs, image_input,  # noqa: F401 - re-exported
                        read_graph_io)
 from .versions import Capabilities
 
-PRECISIONS = ("fp32", "fp16", "int8")
-PRECISION_CHOICES = PRECISIONS + ("best",)
+PRECISIONS = precisions.NAMES
+PRECISION_CHOICES = precisions.choices(best=True, best_first=False)
 PATH_STRONGLY_TYPED = "strongly-typed"
 PATH_TYPED_GRAPH_FLAGS = "typed-graph+flags"
 PATH_LEGACY = "legacy-flags"
-HARDWARE_COMPAT = ("none", "ampere+", "same-cc")
-MAX_OPT_LEVEL = 5  # builder optimisation levels are 0..5 (trtexec help, TensorRT 8.6 to 11)
+HARDWARE_COMPAT, MAX_OPT_LEVEL = knobs.HARDWARE_COMPAT, knobs.MAX_OPT_LEVEL
 
 # DLA limits from NVIDIA's "DLA Supported Layers and Restrictions" (general restrictions).
 DLA_MAX_BATCH = 4096
@@ -80,20 +80,6 @@ def _check_order(values: Sequence[int], what: str) -> None:
         raise UserError(f"{what}: values must be positive")
     if not lo <= opt <= hi:
         raise UserError(f"{what}: need MIN <= OPT <= MAX, got {lo}:{opt}:{hi}")
-
-
-_SIZE_UNITS = {"": 1 << 20, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "b": 1}
-
-
-def parse_size(text: str) -> int:
-    """'4G', '512M', '1.5GiB', '2048' (MiB, as trtexec reads it) -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtb]?)(?:i?b)?\s*", str(text).lower())
-    if not match:
-        raise UserError(f"size {text!r} is not a number with an optional K/M/G suffix (e.g. 4G or 512M)")
-    value = float(match.group(1)) * _SIZE_UNITS[match.group(2)]
-    if value < 1 << 20:
-        raise UserError(f"workspace {text!r} is below 1 MiB; give e.g. 512M or 4G")
-    return int(value)
 
 
 # -- profiles ---------------------------------------------------------------------------------------
@@ -184,67 +170,67 @@ def _check_profile_against_graph(profile: Profile, layout: InputLayout, patch: t
 
 
 # -- options and plan ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PlanOptions:
+# What the user asked for (the CLI's options, unvalidated): the precision, the profiles, the legacy calibrator's
+# inputs and the target, then one field per build knob (``knobs.KNOBS``).
+_PlanOptionsFields = make_dataclass("PlanOptions", [
+    ("precision", "str", field(default="best")),
+    ("legacy_precision", "bool", field(default=False)),
+    ("batch", "tuple[str, ...]", field(default=())),
+    ("resolution", "tuple[str, ...]", field(default=())),
+    *knobs.option_fields(),
+    ("calib_data", "str | None", field(default=None)),
+    ("calib_cache", "str | None", field(default=None)),
+    ("calib_batch", "int", field(default=8)),
+    ("target", "str | None", field(default=None)),
+], frozen=True)
+
+
+class PlanOptions(_PlanOptionsFields):  # type: ignore[valid-type,misc]
     """What the user asked for (the CLI's options, unvalidated)."""
 
-    precision: str = "best"
-    legacy_precision: bool = False
-    batch: tuple[str, ...] = ()
-    resolution: tuple[str, ...] = ()
-    workspace: str | None = None
-    optimization_level: int | None = None
-    timing_cache: str | None = None
-    hardware_compatibility: str = "none"
-    version_compatible: bool = False
-    dla_core: int | None = None
-    gpu_fallback: bool = True
-    calib_data: str | None = None
-    calib_cache: str | None = None
-    calib_batch: int = 8
-    target: str | None = None
-    strip_weights: bool = False  # validated by ``portable.apply`` (weight-stripped plan, refit on the device)
-    profile_layers: bool = False  # build with ProfilingVerbosity.DETAILED, then profile per layer (``profile.layer_report``)
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class EnginePlan:
-    trt_version: str
-    source: str  # the ONNX graph compiled
-    source_sha256: str
-    source_precision: str  # which bundle graph that is
-    precision: str  # what the engine computes: fp32 | fp16 | int8
-    requested_precision: str
-    precision_path: str
-    builder_flags: tuple[str, ...]  # BuilderFlag names set for precision/DLA (empty when strongly typed)
-    input_name: str
-    input_dtype: str
-    input_layout: str
-    channels: int
-    profiles: tuple[Profile, ...]
-    workspace_bytes: int | None = None
-    optimization_level: int | None = None
-    timing_cache: str | None = None
-    hardware_compatibility: str = "none"
-    version_compatible: bool = False
-    dla_core: int | None = None
-    gpu_fallback: bool = True
-    calibration: dict[str, Any] | None = None
-    target: str | None = None
-    notes: tuple[str, ...] = field(default=())
-    # The graph TensorRT parses when it is not ``source`` itself: the bundle graph lowered for an
-    # older parser (``lowering``), with its hash and what was rewritten. ``source`` stays the bundle
-    # graph whose contract the engine implements (and whose hash ties the engine to the bundle).
-    parse_graph: str | None = None
-    parse_graph_sha256: str | None = None
-    lowering: dict[str, Any] | None = None
-    # Per-image inputs beside the images (variable-size bundles: valid_hw [B, 2]); shaped by each
-    # profile's batch range. Empty for the single-input contract.
-    extra_inputs: tuple[BatchedInput, ...] = field(default=())
-    # Weight-stripped plan (``portable``): BuilderFlag.STRIP_PLAN + REFIT_IDENTICAL, refit from ``onnx_path``.
-    strip_weights: bool = False
-    device_target: dict[str, Any] | None = None  # the Jetson target the plan was made for (``targets``)
-    profile_layers: bool = False  # ProfilingVerbosity.DETAILED: per-layer names, tactics and ONNX origins in the engine
+# The plan's record (engine.json "plan", in this key order): the graph and precision path, the profiles, the
+# knobs' values (``knobs.KNOBS``: each knob names its place), and what the plan records besides.
+_EnginePlanFields = make_dataclass("EnginePlan", knobs.record_fields(
+    head=[
+        ("trt_version", "str", field()),
+        ("source", "str", field()),  # the ONNX graph compiled
+        ("source_sha256", "str", field()),
+        ("source_precision", "str", field()),  # which bundle graph that is
+        ("precision", "str", field()),  # what the engine computes (vitdeploy.precisions)
+        ("requested_precision", "str", field()),
+        ("precision_path", "str", field()),
+        ("builder_flags", "tuple[str, ...]", field()),  # BuilderFlag names set for the precision (empty when strongly typed)
+        ("input_name", "str", field()),
+        ("input_dtype", "str", field()),
+        ("input_layout", "str", field()),
+        ("channels", "int", field()),
+        ("profiles", "tuple[Profile, ...]", field()),
+    ],
+    tail=[
+        ("calibration", "dict[str, Any] | None", field(default=None)),
+        ("target", "str | None", field(default=None)),
+        ("notes", "tuple[str, ...]", field(default=())),
+        # The graph TensorRT parses when it is not ``source`` itself: the bundle graph lowered for an
+        # older parser (``lowering``), with its hash and what was rewritten. ``source`` stays the bundle
+        # graph whose contract the engine implements (and whose hash ties the engine to the bundle).
+        ("parse_graph", "str | None", field(default=None)),
+        ("parse_graph_sha256", "str | None", field(default=None)),
+        ("lowering", "dict[str, Any] | None", field(default=None)),
+        # Per-image inputs beside the images (variable-size bundles: valid_hw [B, 2]); shaped by each
+        # profile's batch range. Empty for the single-input contract.
+        ("extra_inputs", "tuple[BatchedInput, ...]", field(default=())),
+        ("device_target", "dict[str, Any] | None", field(default=None)),  # the Jetson target the plan was made for (``targets``)
+    ],
+), frozen=True)
+
+
+class EnginePlan(_EnginePlanFields):  # type: ignore[valid-type,misc]
+    """Everything a TensorRT build will do, validated (engine.json records ``to_dict()``)."""
+
+    __slots__ = ()
 
     @property
     def onnx_path(self) -> str:
@@ -305,11 +291,12 @@ def choose_precision(requested: str, available: Sequence[str], legacy: bool, has
         raise UserError(f"precision {requested!r} is not one of {', '.join(PRECISION_CHOICES)}")
     if requested != "best":
         return requested
-    if legacy:
-        return "int8" if has_calibration else "fp16"
-    for precision in ("int8", "fp16", "fp32"):
-        if precision in available:
-            return precision
+    if legacy:  # the fp32 graph with builder flags: the best precision the flags (and the calibrator's data) reach
+        return next(p for p in precisions.BEST_ORDER if precisions.get(p).weak_builder_flags
+                    and (has_calibration or not precisions.get(p).legacy_needs_calibration))
+    best = precisions.best_of(available)
+    if best is not None:
+        return best
     raise UserError("the bundle has no graph to build; re-export it with `vitdeploy export`")
 
 
@@ -333,10 +320,12 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
     precision = choose_precision(options.precision, bundle.precisions(), options.legacy_precision, has_calib)
 
     # Which graph, which path, which flags
+    entry = precisions.get(precision)
+    trt = (caps.trt_version.major, caps.trt_version.minor)
     if options.legacy_precision:
-        path, source_precision = PATH_LEGACY, "fp32"
-        flags = {"fp32": (), "fp16": ("FP16",), "int8": ("INT8", "FP16")}[precision]
-        if precision == "int8":
+        path, source_precision = PATH_LEGACY, precisions.REFERENCE
+        flags = entry.builder_flags(trt)
+        if entry.legacy_needs_calibration:
             if not has_calib:
                 raise UserError(
                     "legacy INT8 needs calibration data: give --calib-data IMAGES.npy (uint8 N,H,W,3) or an existing "
@@ -349,8 +338,8 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
         path, source_precision, flags = PATH_STRONGLY_TYPED, precision, ()
     else:
         path, source_precision = PATH_TYPED_GRAPH_FLAGS, precision
-        flags = {"fp32": (), "fp16": ("FP16",), "int8": ("INT8", "FP16")}[precision]
-        if precision != "fp32":
+        flags = entry.builder_flags(trt)
+        if precision != precisions.REFERENCE:
             notes.append(
                 f"TensorRT {caps.version} has no strongly typed networks: the {precision} graph is built weakly typed "
                 "with precision flags, and TensorRT may pick other types for layers the graph keeps in fp32"
@@ -370,7 +359,7 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
         if [e.name for e in extras] != [want]:
             raise UserError(f"{source.name} is a variable-size graph but takes {[layout.name] + [e.name for e in extras]}; "
                             f"expected (images, {want}); re-export it with `vitdeploy export --variable-size`")
-        if precision == "int8" and path == PATH_LEGACY:
+        if entry.legacy_needs_calibration and path == PATH_LEGACY:
             raise ConfigError(
                 "legacy INT8 calibration feeds the images input only and cannot shape valid_hw; build the bundle's "
                 "Q/DQ int8 graph (without --legacy-precision) or --legacy-precision --precision fp16"
@@ -395,29 +384,14 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
         )
 
     # Builder knobs against what this version has
-    workspace = parse_size(options.workspace) if options.workspace else None
-    level = options.optimization_level
-    if level is not None:
-        if not 0 <= int(level) <= MAX_OPT_LEVEL:
-            raise UserError(f"--opt-level {level} is outside 0..{MAX_OPT_LEVEL}")
-        if not caps.builder_optimization_level:
-            raise ConfigError(f"TensorRT {caps.version} has no builder optimisation level (added in 8.6); drop --opt-level")
-    hw = options.hardware_compatibility or "none"
-    if hw not in HARDWARE_COMPAT:
-        raise UserError(f"--hardware-compat {hw!r} is not one of {', '.join(HARDWARE_COMPAT)}")
-    if hw != "none" and not caps.hardware_compatibility:
-        raise ConfigError(f"TensorRT {caps.version} has no hardware-compatible engines (added in 8.6)")
-    if hw == "same-cc" and not caps.same_compute_capability:
-        raise ConfigError(f"TensorRT {caps.version} has no same-compute-capability engines (added in 10.9); use ampere+ or none")
-    if options.version_compatible and not caps.version_compatible:
-        raise ConfigError(f"TensorRT {caps.version} has no version-compatible engines (added in 8.6)")
+    knob_values = knobs.checked_values(options, caps)
 
     # DLA: FP16/INT8 only, no dynamic dimensions
     if options.dla_core is not None:
-        if int(options.dla_core) < 0:
-            raise UserError(f"--dla-core {options.dla_core} must be 0 or more")
-        if precision == "fp32":
-            raise ConfigError("DLA runs FP16 and INT8 only; use --precision fp16 or int8 with --dla-core")
+        if not entry.dla:
+            on_dla = [p.name for p in precisions.REGISTRY if p.dla]
+            raise ConfigError(f"DLA runs {precisions.listing([n.upper() for n in on_dla])} only; use --precision "
+                              f"{precisions.listing(on_dla, 'or')} with --dla-core")
         dynamic = [p.describe() for p in profiles if not p.is_static]
         if dynamic:
             raise ConfigError(
@@ -429,7 +403,7 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
                 raise ConfigError(f"DLA batch is at most {DLA_MAX_BATCH}; got {p.batch[0]}")
             if max(p.height[0], p.width[0]) > DLA_MAX_DIM:
                 raise ConfigError(f"DLA dimensions are at most {DLA_MAX_DIM}; got {p.height[0]}x{p.width[0]}")
-        if hw != "none":
+        if knob_values["hardware_compatibility"] != "none":
             raise ConfigError("hardware-compatible engines are GPU-only; drop --hardware-compat with --dla-core")
         if not options.gpu_fallback:
             notes.append("no GPU fallback: the build fails unless every layer runs on DLA (see --dla-report)")
@@ -437,7 +411,7 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
         raise UserError("--no-gpu-fallback only applies with --dla-core")
 
     calibration = None
-    if path == PATH_LEGACY and precision == "int8":
+    if path == PATH_LEGACY and entry.legacy_needs_calibration:
         if options.calib_batch < 1:
             raise UserError("--calib-batch must be at least 1")
         calibration = {
@@ -461,13 +435,7 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
         input_layout=layout.layout,
         channels=layout.channels,
         profiles=tuple(profiles),
-        workspace_bytes=workspace,
-        optimization_level=int(level) if level is not None else None,
-        timing_cache=str(options.timing_cache) if options.timing_cache else None,
-        hardware_compatibility=hw,
-        version_compatible=bool(options.version_compatible),
-        dla_core=int(options.dla_core) if options.dla_core is not None else None,
-        gpu_fallback=bool(options.gpu_fallback),
+        **knob_values,
         calibration=calibration,
         target=options.target,
         notes=tuple(notes),

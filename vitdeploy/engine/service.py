@@ -27,7 +27,7 @@ from ..bundle import Bundle
 from ..errors import ConfigError, MissingDependencyError, UserError
 from ..fileio import atomic_write_bytes, atomic_write_json, sha256_bytes, staged_directory
 from ..weights import weights_record
-from . import dla, fingerprint, portable, targets, timing_cache
+from . import dla, fingerprint, knobs, portable, targets, timing_cache
 from .builder import BuildRecipe, Ref, recipe
 from .lint import LintReport, lint_file
 from .parser_rules import ParserRules, rules_for
@@ -245,23 +245,9 @@ def describe_plan(plan: EnginePlan) -> list[str]:
         extra = "".join(f", {name} {':'.join('x'.join(str(d) for d in s[k]) for k in ('min', 'opt', 'max'))}"
                         for name, s in plan.input_shapes(p).items() if name != plan.input_name)
         lines.append(f"  profile {i}: {p.describe()}{extra}")
-    knobs = []
-    if plan.workspace_bytes:
-        knobs.append(f"workspace {plan.workspace_bytes / (1 << 20):.0f} MiB")
-    if plan.optimization_level is not None:
-        knobs.append(f"opt level {plan.optimization_level}")
-    if plan.timing_cache:
-        knobs.append(f"timing cache {plan.timing_cache}")
-    if plan.hardware_compatibility != "none":
-        knobs.append(f"hardware-compat {plan.hardware_compatibility}")
-    if plan.version_compatible:
-        knobs.append("version-compatible")
-    if plan.strip_weights:
-        knobs.append("weight-stripped (refit from the ONNX on the device)")
-    if plan.dla_core is not None:
-        knobs.append(f"DLA core {plan.dla_core}" + (" with GPU fallback" if plan.gpu_fallback else " without GPU fallback"))
-    if knobs:
-        lines.append("  " + ", ".join(knobs))
+    words = knobs.description(plan)
+    if words:
+        lines.append("  " + ", ".join(words))
     lines += [f"  note: {n}" for n in plan.notes]
     return lines
 
@@ -396,8 +382,7 @@ def _build(bundle: Bundle, plan: EnginePlan, trt: Any) -> BuildEngineOutcome:
 
     def record_it() -> None:  # in the same signal-free step as the folder's swap
         if bundle.bare_onnx is None:
-            bundle.manifest.setdefault("engines", {})[target] = record
-            bundle.save()
+            bundle.record_engine(target, record)
 
     with staged_directory(engine_dir, then=record_it) as staging:
         atomic_write_bytes(staging / fingerprint.PLAN_FILE, result.plan_bytes)

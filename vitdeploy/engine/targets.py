@@ -26,7 +26,7 @@ _ALIASES = {"thor": "agx-thor", "agx-thor": "agx-thor", "orin-nx": "orin-nx-16gb
 
 
 @dataclass(frozen=True)
-class Target:
+class JetsonTarget:
     """A JetPack stack, optionally on one module."""
 
     release: Release
@@ -67,8 +67,8 @@ def is_target_name(text: Optional[str]) -> bool:
     return bool(text) and bool(_NAME.match(str(text)))
 
 
-def resolve(name: str) -> Target:
-    """``jp6.2-orin-nano`` -> Target; one clear line naming the known ones when it is not."""
+def resolve(name: str) -> JetsonTarget:
+    """``jp6.2-orin-nano`` -> JetsonTarget; one clear line naming the known ones when it is not."""
     match = _NAME.match(str(name).strip())
     if not match:
         raise UserError(f"target {name!r} is not jpX.Y[-MODULE] (e.g. jp6.2-orin-nano, jp7.1-agx-thor); see `vitdeploy targets`")
@@ -78,7 +78,7 @@ def resolve(name: str) -> Target:
         known = ", ".join(r.jetpack for r in RELEASES)
         raise UserError(f"JetPack {version} is not in vitdeploy's matrix (known: {known}); see `vitdeploy targets`")
     if module_key is None:
-        return Target(release)
+        return JetsonTarget(release)
     key = _ALIASES.get(module_key.lower(), module_key.lower())
     module = MODULES.get(key)
     if module is None:
@@ -88,10 +88,10 @@ def resolve(name: str) -> Target:
         stack = f"TensorRT {release.tensorrt}" + ("" if release.tensorrt_package == "JetPack" else f", {release.tensorrt_package}")
         raise ConfigError(f"JetPack {release.jetpack} ({stack}) does not support {module.name}; "
                           f"JetPack releases that do: {on or 'none in the matrix'}")
-    return Target(release, module)
+    return JetsonTarget(release, module)
 
 
-def check_dla(target: Target, dla_core: Optional[int]) -> List[str]:
+def check_dla(target: JetsonTarget, dla_core: Optional[int]) -> List[str]:
     """Refuse a DLA core the target cannot have; return notes for what sources leave open."""
     if dla_core is None:
         return []
@@ -118,7 +118,7 @@ def check_dla(target: Target, dla_core: Optional[int]) -> List[str]:
     return notes
 
 
-def check_portability(target: Target, hardware_compatibility: Optional[str]) -> None:
+def check_portability(target: JetsonTarget, hardware_compatibility: Optional[str]) -> None:
     """Refuse what NVIDIA documents as unavailable on JetPack: hardware-compatible engines (jetpack.SOURCES
     "nv-trt86-hwcompat"). Version-compatible and weight-stripped engines stay allowed."""
     if hardware_compatibility and hardware_compatibility != "none":
@@ -211,6 +211,6 @@ def check_this_device() -> StackCheck:
     return check_stack(read(TEGRA_RELEASE), read(DEVICE_MODEL), str(trt) if trt else None)
 
 
-def all_targets() -> List[Target]:
+def all_targets() -> List[JetsonTarget]:
     """Every (JetPack, module) pair of the matrix, in release order."""
-    return [Target(r, MODULES[m]) for r in RELEASES for m in r.modules]
+    return [JetsonTarget(r, MODULES[m]) for r in RELEASES for m in r.modules]

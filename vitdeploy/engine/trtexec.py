@@ -25,11 +25,10 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import portable
+from .. import precisions
+from . import knobs, portable
 from .plan import PATH_LEGACY, PATH_STRONGLY_TYPED, EnginePlan
 from .versions import Capabilities
-
-_HW_COMPAT_TRTEXEC = {"ampere+": "ampere+", "same-cc": "sameComputeCapability"}
 
 
 @dataclass
@@ -46,11 +45,6 @@ class TrtexecCommand:
 
 def _dims(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape)
-
-
-def _mib(nbytes: int) -> str:
-    mib = nbytes / (1 << 20)
-    return str(int(mib)) if mib.is_integer() else f"{mib:.4f}".rstrip("0")
 
 
 def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Path | None = None) -> TrtexecCommand:
@@ -80,10 +74,9 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
     else:
         if not caps.trtexec_precision_flags:
             raise ValueError(f"plan path {plan.precision_path} cannot be expressed for trtexec {caps.version}")
-        for flag in plan.builder_flags:
-            if flag in ("FP16", "INT8"):
-                argv.append(f"--{flag.lower()}")
-        if plan.precision_path == PATH_LEGACY and plan.precision == "int8":
+        entry = precisions.get(plan.precision)
+        argv += entry.trtexec_flags((caps.trt_version.major, caps.trt_version.minor))
+        if plan.precision_path == PATH_LEGACY and entry.legacy_needs_calibration:
             cache = (plan.calibration or {}).get("cache")
             if cache:
                 argv.append(f"--calib={cache}")
@@ -91,23 +84,7 @@ def trtexec_command(plan: EnginePlan, caps: Capabilities, engine_path: str | Pat
             else:
                 notes.append("trtexec cannot run the entropy calibrator: without --calib it uses placeholder INT8 scales; build with vitdeploy or give --calib-cache")
 
-    if plan.workspace_bytes:
-        argv.append(f"--memPoolSize=workspace:{_mib(plan.workspace_bytes)}")
-    if plan.optimization_level is not None:
-        argv.append(f"--builderOptimizationLevel={plan.optimization_level}")
-    if plan.timing_cache:
-        argv.append(f"--timingCacheFile={plan.timing_cache}")
-    if plan.hardware_compatibility != "none":
-        argv.append(f"--hardwareCompatibilityLevel={_HW_COMPAT_TRTEXEC[plan.hardware_compatibility]}")
-    if plan.version_compatible:
-        argv.append("--versionCompatible")
-    argv += portable.trtexec_flags(plan, caps)
-    if plan.profile_layers:
-        argv.append("--profilingVerbosity=detailed")
-    if plan.dla_core is not None:
-        argv.append(f"--useDLACore={plan.dla_core}")
-        if plan.gpu_fallback:
-            argv.append("--allowGPUFallback")
+    argv += knobs.trtexec_flags(plan, caps)  # workspace, opt level, timing cache, compatibility, strip, DLA ...
     if engine_path is None:
         engine_path = f"engines/{plan.target or plan.default_target()}/model.plan"
     argv.append(f"--saveEngine={engine_path}")

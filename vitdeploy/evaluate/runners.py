@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import precisions as registry
 from ..bundle import Bundle
 from ..contract import InputContract
 from ..errors import UsageError, VitDeployError
@@ -122,8 +123,8 @@ def check_precisions(bundle: Bundle, precisions: list[str] | None) -> list[str]:
         return present
     out = []
     for p in precisions:
-        if p not in ("fp32", "fp16", "int8"):
-            raise UsageError(f"unknown precision {p!r}; choose from fp32, fp16, int8")
+        if p not in registry.NAMES:
+            raise UsageError(f"unknown precision {p!r}; choose from {', '.join(registry.NAMES)}")
         bundle.artifact_path(p)  # one line saying how to make a missing graph
         if p not in out:
             out.append(p)

@@ -1,12 +1,19 @@
 """`vitdeploy profile`: latency and throughput across resolution x batch x precision x backend,
 each cell beside the analytic cost (chapter §39.5) and the machine's measured GEMM peak.
 
-    measure.py     one runner, one batch: start-up, latency distribution, throughput, memory, CV
-    gemm_probe.py  this machine's dense-GEMM ceiling, measured in the same run
-    sweep.py       the matrix of cells over the runner interface, with the cost model per cell
-    tegrastats.py  Jetson telemetry: tegrastats parser and sampler, nvpmodel / jetson_clocks state
-    report.py      terminal table + progress bar, reports/profile.csv / .json / .png
-    variable.py    variable-size bundles: fill-ratio sizes (declared rule), the masked PyTorch forward
+    plan.py           what was asked (SweepConfig), validated; the cells in run order, impossible ones skipped with why
+    cells.py          what runs one cell (the runner and its feeds) and what it is timed on
+    measure.py        one runner, one batch: start-up, latency distribution, throughput, memory, CV
+    gemm_probe.py     this machine's dense-GEMM ceiling, measured in the same run
+    sweep.py          the matrix of cells over the runner interface, with the cost model per cell
+    rows.py           one row per cell (the schema of profile.csv/json) and what is said about the machine
+    accuracy.py       --accuracy: the accuracy of what each cell timed
+    variable.py       variable-size bundles: fill-ratio sizes (declared rule), the masked PyTorch forward
+    tegrastats.py     Jetson telemetry: tegrastats parser and sampler, nvpmodel / jetson_clocks state
+    report.py         terminal table + progress bar, reports/profile.csv / .json / .png
+    layers.py         trtexec's per-layer exports parsed (--exportProfile, --dumpProfile, --exportLayerInfo)
+    layer_modules.py  TensorRT layers -> the ViT's PyTorch modules through the ONNX node names; time per block
+    layer_report.py   --layers: which ViT block costs what inside a TensorRT engine
 
 Only numpy (and the runners' own runtimes, imported when a cell needs them) at import time.
 """

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import precisions
 from ..lazy import available
 
 CPU_SIZE = 1024
@@ -148,7 +149,7 @@ def peak_for(probes: list[PeakProbe], device: str, precision: str) -> PeakProbe 
     fp32; on the CPU every precision compares with fp32 (the integer kernels are counted against
     the float ceiling, which is what a user buying speed from int8 wants to know)."""
     is_gpu = device.startswith("cuda")
-    want = ("fp16" if precision in ("fp16", "int8") else "fp32") if is_gpu else "fp32"
+    want = precisions.get(precisions.computes_in(precision)).gpu_peak_dtype if is_gpu else "fp32"
     kind = "cuda" if is_gpu else "cpu"
     matching = [p for p in probes if p.device.startswith(kind) and p.dtype == want]
     return max(matching, key=lambda p: p.gflops) if matching else None

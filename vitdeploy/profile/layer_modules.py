@@ -80,7 +80,7 @@ def _scoped_module(name: str) -> Optional[str]:
 
 
 @dataclass
-class GraphIndex:
+class NodeGroups:
     """Per ONNX node (by name, and by produced tensor): its position and its group."""
 
     order: Dict[str, int] = field(default_factory=dict)
@@ -90,7 +90,7 @@ class GraphIndex:
     evidence: str = "none"
 
     @classmethod
-    def from_onnx(cls, model: Any, module_outputs: Optional[Dict[str, str]] = None) -> "GraphIndex":
+    def from_onnx(cls, model: Any, module_outputs: Optional[Dict[str, str]] = None) -> "NodeGroups":
         index = cls()
         nodes = list(model.graph.node)
         index.names = [n.name or (n.output[0] if n.output else f"#{i}") for i, n in enumerate(nodes)]
@@ -167,7 +167,7 @@ class GraphIndex:
         self.evidence = "module_outputs + graph order"
 
     @classmethod
-    def from_numbered_names(cls, tokens: Iterable[str]) -> Optional["GraphIndex"]:
+    def from_numbered_names(cls, tokens: Iterable[str]) -> Optional["NodeGroups"]:
         """Blocks of a pre-norm transformer from TorchScript-numbered node names alone (``Op_N``: torch < 1.13
         named every node by its type and position in the graph). Each LayerNorm shows as ``ReduceMean_N`` with
         ``Sub_{N+1}``; the 2k-th and (2k+1)-th of them open block k's attention and MLP; nodes before the first
@@ -235,13 +235,13 @@ def name_coverage(attributions: Iterable[LayerAttribution]) -> float:
     return sum(a.found for a in attributions) / named if named else 1.0
 
 
-def attribute(profile: LayerProfile, graph: Optional[GraphIndex] = None, info: Optional[EngineLayers] = None) -> List[LayerAttribution]:
+def attribute(profile: LayerProfile, graph: Optional[NodeGroups] = None, info: Optional[EngineLayers] = None) -> List[LayerAttribution]:
     """Each profiled layer with the groups of the ONNX nodes it ran."""
     meta = {li.name: li.onnx_nodes for li in (info.layers if info else []) if li.onnx_nodes}
     if graph is None:  # no graph: TorchScript-numbered names still place each node in its block
         every = [t for layer in profile.layers for t in (meta.get(layer.name) or nodes_in_name(layer.name).nodes)]
         if not any(_scoped_module(t) for t in every):
-            graph = GraphIndex.from_numbered_names(every)
+            graph = NodeGroups.from_numbered_names(every)
     out = []
     for layer in profile.layers:
         parsed = nodes_in_name(layer.name)

@@ -118,7 +118,7 @@ def _run_trtexec(exe: str, argv: List[str], out_dir: Path, timeout_s: float) -> 
 
 
 def _graph(bundle: Bundle, record: Optional[Dict[str, Any]]) -> Tuple[Optional[Any], Optional[str]]:
-    """The ONNX graph TensorRT parsed for this engine (the lowered one for 8.x) as a GraphIndex."""
+    """The ONNX graph TensorRT parsed for this engine (the lowered one for 8.x) as a NodeGroups."""
     from ..lazy import require
 
     onnx = require("onnx", "mapping layers to modules")
@@ -133,7 +133,7 @@ def _graph(bundle: Bundle, record: Optional[Dict[str, Any]]) -> Tuple[Optional[A
         if path.is_file():
             model = onnx.load(str(path), load_external_data=False)
             module_outputs = (bundle.manifest.get("graph") or {}).get("module_outputs") if bundle.bare_onnx is None else None
-            return layer_modules.GraphIndex.from_onnx(model, module_outputs), path.name
+            return layer_modules.NodeGroups.from_onnx(model, module_outputs), path.name
     return None, None
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import precisions as registry
 from ..bundle import Bundle
 from ..contract import InputContract
 from ..errors import DeviceError, MissingDependencyError, UsageError, UserError
@@ -19,7 +20,7 @@ from . import gemm_probe
 from .measure import DEFAULT_CV_THRESHOLD, DEFAULT_WARMUP, check_budget, cpu_affinity
 
 BACKENDS = ("ort", "torch", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = registry.NAMES
 DEVICES = ("auto", "cpu", "cuda")
 GRAPH_BACKENDS = ("ort", "tensorrt")  # backends that run the bundle's ONNX graphs (need the artifact)
 TORCH_MODES = ("auto", "eager", "cuda-graph", "compile")  # exporters/torch_fast.py
@@ -178,8 +179,8 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
         for precision in precisions:
             for mode in torch_modes if backend == "torch" else [None]:
                 reason = None
-                if backend == "torch" and precision == "int8":
-                    reason = "PyTorch has no int8 path here; the int8 graph is measured on ort/tensorrt"
+                if backend == "torch" and registry.get(precision).torch_dtype is None:
+                    reason = f"PyTorch has no {precision} path here; the {precision} graph is measured on ort/tensorrt"
                 elif backend == "torch" and precision == "fp16" and torch_on == "cpu":
                     reason = "PyTorch fp16 is a GPU baseline; no GPU here"
                 elif mode == "cuda-graph" and torch_on == "cpu":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..precisions import REDUCED
 from ..weights import describe_weights, is_random, random_weights_notice
 from .sources import Sources
 
@@ -66,8 +67,8 @@ def measured_results(src: Sources) -> list[dict[str, Any]]:
 def model_card(src: Sources, created: str) -> str:
     m = src.bundle.manifest
     source = m.get("source") or {}
-    precisions = list(src.graph_sha)
-    tags = ["vision-transformer", "onnx", "vitdeploy"] + [p for p in precisions if p in ("fp16", "int8")]
+    graphs = list(src.graph_sha)
+    tags = ["vision-transformer", "onnx", "vitdeploy"] + [p for p in graphs if p in REDUCED]
     if m.get("labels"):
         tags.append("image-classification")
     if m.get("engines"):
@@ -94,7 +95,7 @@ def model_card(src: Sources, created: str) -> str:
     spec, pre = m["spec"], m["preprocessing"]
     labels = m.get("labels") or []
     out += [
-        f"A vitdeploy bundle of `{source.get('kind')}:{source.get('name')}`: ONNX graphs ({', '.join(precisions)}) that take raw "
+        f"A vitdeploy bundle of `{source.get('kind')}:{source.get('name')}`: ONNX graphs ({', '.join(graphs)}) that take raw "
         f"{pre.get('input', 'uint8-nhwc')} {pre.get('channel_order', 'rgb').upper()} pixels and carry their own preprocessing"
         + (", label map" if labels else "") + " and architecture.",
         "",

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import precisions
 from ..bundle import Bundle
 from ..errors import DeviceError, UserError
 
 Triple = tuple  # (min, opt, max)
 # "best" on a TensorRT engine: the lowest precision the bundle was built at (each graph's accuracy
 # was measured when it was made)
-TRT_BEST_ORDER = ("int8", "fp16", "fp32")
+TRT_BEST_ORDER = precisions.BEST_ORDER
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import precisions
 from ..bundle import Bundle
 from ..contract import InputContract
 from ..errors import DeviceError, IntegrityError, MissingDependencyError, UserError
@@ -27,7 +28,7 @@ from .base import Runner
 from .engines import TRT_BEST_ORDER, EngineEntry, engine_for, find_engines, this_device, why_not_here
 
 BACKENDS = ("tensorrt", "onnxruntime")
-PRECISION_CHOICES = ("best", "fp32", "fp16", "int8")
+PRECISION_CHOICES = precisions.choices(best=True)
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_ORT_BATCH = 32  # rows per call for dynamic-batch graphs: bounds host memory per call
 __all__ = ["BACKENDS", "DEFAULT_ORT_BATCH", "PRECISION_CHOICES", "TRT_BEST_ORDER", "EngineRun", "Selected", "engines_here",

@@ -11,10 +11,11 @@ import argparse
 from dataclasses import dataclass, fields
 from typing import List, Optional
 
+from .. import precisions
 from ..errors import UserError
 
 SERVE_BACKENDS = ("auto", "tensorrt", "onnxruntime")
-PRECISIONS = ("best", "fp32", "fp16", "int8")
+PRECISIONS = precisions.choices(best=True)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 #include "vitdeploy/integrity.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -215,9 +216,9 @@ Bundle read_bundle(const std::string& dir) {
                                  std::to_string(b.num_classes) + " classes; re-export the bundle");
 
     if (m.contains("artifacts") && m["artifacts"].is_object()) {
-        for (const char* precision : {"fp32", "fp16", "int8", "cpu"}) {
-            auto it = m["artifacts"].find(precision);
-            if (it == m["artifacts"].end() || !it->is_object()) continue;
+        for (const auto& [precision, record] : m["artifacts"].items()) {  // the precisions' graphs and the backend variants
+            const json* it = &record;
+            if (!it->is_object()) continue;
             const auto file = get_or<std::string>(*it, "file", "");
             if (file.empty() || file.find('/') != std::string::npos || file[0] == '.')
                 throw std::runtime_error(mpath + ": artifacts." + precision + ".file is not a file name inside the bundle; re-export the bundle");
@@ -237,6 +238,16 @@ Bundle read_bundle(const std::string& dir) {
                 b.engine_errors.push_back(target + ": " + e.what());
             }
         }
+    }
+    if (m.contains("precisions") && m["precisions"].is_object() && m["precisions"].contains("best_order")) {
+        const json& order = m["precisions"]["best_order"];
+        if (!order.is_array())
+            throw std::runtime_error(mpath + ": precisions.best_order is not a list; rebuild the engine with vitdeploy build-engine");
+        for (const auto& p : order) b.precision_order.push_back(p.get<std::string>());
+    } else {
+        for (const auto& e : b.engines)
+            if (std::find(b.precision_order.begin(), b.precision_order.end(), e.precision) == b.precision_order.end())
+                b.precision_order.push_back(e.precision);
     }
     return b;
 }

@@ -208,6 +208,14 @@ void test_bundle(const std::string& dir) {
     CHECK(b.engines.size() == 1 && b.engines[0].tensorrt == "10.3.0" && b.engines[0].compute_capability == "8.7");
     CHECK(b.engines[0].profiles[0].batch[2] == 8 && b.engines[0].profiles[0].covers(16, 16) && !b.engines[0].profiles[0].covers(32, 16));
     CHECK(vitdeploy::parse_version("10.3.0") == (std::array<int, 3>{10, 3, 0}));
+    CHECK(b.precision_order == std::vector<std::string>{"fp16"});  // no record: the engines' precisions, manifest order
+
+    // The "best" order is the bundle's (vitdeploy's precision registry writes it), not the example's own copy.
+    std::string ordered = manifest(R"({"input": "uint8-nhwc", "input_size": [16, 16]})", R"({"mode": "static", "height": 16, "width": 16})",
+                                   R"({"orin-fp16": {"precision": "fp16"}})");
+    ordered.insert(ordered.size() - 1, R"(, "precisions": {"best_order": ["fp8", "int8", "fp16", "fp32"]})");
+    write_text(b1 + "/manifest.json", ordered);
+    CHECK(vitdeploy::read_bundle(b1).precision_order == (std::vector<std::string>{"fp8", "int8", "fp16", "fp32"}));
 
     const std::string b2 = dir + "/dynamic";
     std::system(("mkdir -p " + b2).c_str());

@@ -130,7 +130,7 @@ int run(const Args& args) {
     int profile = -1;
     std::string reasons;
     for (const auto& error : bundle.engine_errors) reasons += "\n  " + error;
-    for (const char* precision : {"int8", "fp16", "fp32"}) {
+    for (const std::string& precision : bundle.precision_order) {  // best first, as the bundle records it
         for (const auto& e : bundle.engines) {
             if (chosen || (!args.engine.empty() ? e.target != args.engine : e.precision != precision)) continue;
             std::string why = mismatch(e, trt, cc, prop.name);

@@ -96,8 +96,12 @@ struct Bundle {
     std::array<int, 2> patch_size{0, 0};
     bool dynamic_resolution = false;
     int default_h = 0, default_w = 0;  // manifest resolution height/width
-    std::vector<Artifact> artifacts;  // manifest artifacts, in fp32, fp16, int8, cpu order
+    std::vector<Artifact> artifacts;  // manifest artifacts, in the manifest's order
     std::vector<EngineInfo> engines;
+    // "best" order of the precisions, best first, as vitdeploy's precision registry wrote it into the
+    // manifest ("precisions": {"best_order": [...]}, recorded with every engine build). A manifest without
+    // it (engines built before the record existed): the precisions of the engines in the manifest's order.
+    std::vector<std::string> precision_order;
     std::vector<std::string> engine_errors;  // listed engines whose engine.json could not be read
 
     bool variable_size() const { return preprocessing.variable_size.enabled; }
