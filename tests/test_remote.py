@@ -249,11 +249,12 @@ def test_lost_connection_mid_copy_leaves_both_sides_intact(ssh_env: Device, digi
     remote_dir = tmp_path / "device"
     marker = tmp_path / "mid-copy"
     # A "device vitdeploy" whose upload breaks off after 20 kB (the device's end goes away), and whose
-    # download stops after 1 kB and waits there, so the test can kill the ssh connection mid-stream.
+    # download stops after 1 kB and waits there (an hour: however slow the killer is, it is still mid-stream),
+    # so the test can kill the ssh connection mid-stream.
     flaky = tmp_path / "flaky-vitdeploy"
     flaky.write_text(f"""#!/bin/sh
 if [ "$1" = remote-agent ] && [ "$2" = receive ]; then head -c 20000 | "{VITDEPLOY}" "$@"; exit 1; fi
-if [ "$1" = remote-agent ] && [ "$2" = send ]; then "{VITDEPLOY}" "$@" | {{ head -c 1024; touch "{marker}"; sleep 60; }}; exit 1; fi
+if [ "$1" = remote-agent ] && [ "$2" = send ]; then "{VITDEPLOY}" "$@" | {{ head -c 1024; touch "{marker}"; sleep 3600; }}; exit 1; fi
 exec "{VITDEPLOY}" "$@"
 """)
     flaky.chmod(0o755)

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -156,8 +155,10 @@ def test_the_hash_is_cached_by_file_identity(tmp_path: Path, monkeypatch: pytest
     first = fileio.sha256_cached(path)
     fileio._HASHES.clear()  # a new process: the user's cache file answers
     assert fileio.sha256_cached(path) == first and len(calls) == 1
-    time.sleep(0.01)
-    path.write_bytes(b"b" * 1000)  # same size, new content: ctime moves, so it is hashed again
+    # same size, new content: ctime moves, so it is hashed again (rewritten until the file system's coarse
+    # clock has ticked, however fast or slow this machine is)
+    before = path.stat().st_ctime_ns
+    wait_until(lambda: path.write_bytes(b"b" * 1000) and path.stat().st_ctime_ns != before, "the file's ctime moving", poll_s=0.001)
     assert fileio.sha256_cached(path) != first and len(calls) == 2
 
 
