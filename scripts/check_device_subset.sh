@@ -12,7 +12,8 @@
 #                                                        # core installed from this checkout, when a 3.8
 #                                                        # interpreter is here (PY38, python3.8, pyenv)
 #
-# `resolve` builds the wheel, then asks pip what it would install for that Python on that platform
+# `resolve` builds the wheel, then asks pip what it would install (the core with the `cpu` extra, the
+# CPU build of ONNX Runtime from PyPI; docs/INSTALL.md) for that Python on that platform
 # (--dry-run, --only-binary=:all:, so no source build could hide a missing wheel) and prints the
 # resolved versions. Environment: PYTHON (default .venv/bin/python), ARCH (default aarch64).
 set -euo pipefail
@@ -109,7 +110,7 @@ resolve_one() {
     # shellcheck disable=SC2046
     "$PYTHON" -m pip install --dry-run --quiet --ignore-installed --only-binary=:all: \
         --python-version "$pyver" --implementation cp $(platforms_for "$glibc") \
-        --target "$out/target-$pyver" --report "$out/report-$pyver.json" "$wheel" \
+        --target "$out/target-$pyver" --report "$out/report-$pyver.json" "$wheel[cpu]" \
         >"$out/log-$pyver.txt" 2>&1 || { grep -v "is ignored" "$out/log-$pyver.txt" >&2; return 1; }
     "$PYTHON" - "$pyver" "$out/report-$pyver.json" <<'EOF'
 import json, sys
@@ -119,6 +120,8 @@ names = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in instal
 heavy = sorted(n for n in names if n in ("torch", "torchvision", "timm", "transformers"))
 if heavy:
     sys.exit(f"python {pyver}: the core pulled in workstation packages {heavy}")
+if "onnxruntime" in names and "onnxruntime-gpu" in names:
+    sys.exit(f"python {pyver}: both ONNX Runtime builds in the resolution (they install the same module)")
 wheels = [i["download_info"]["url"].rsplit("/", 1)[-1] for i in installs]
 sdists = [w for w in wheels if not w.endswith(".whl")]
 if sdists:
@@ -169,9 +172,9 @@ make_py38_env() {
     fi
     rm -rf "$dir"
     "$py" -m venv "$dir"
-    # the core only (no extras): what `pip install vitdeploy` gives a JetPack 5 device; editable so the
-    # tests run this checkout's code
-    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e . 2>&1 | grep -v "is ignored" >&2 || true
+    # the core and the CPU build of ONNX Runtime (no workstation extras): what `pip install 'vitdeploy[cpu]'`
+    # gives a JetPack 5 device; editable so the tests run this checkout's code
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[cpu]' 2>&1 | grep -v "is ignored" >&2 || true
     "$dir/bin/vitdeploy" --version >/dev/null || { echo "py38-env: the install in $dir failed" >&2; return 1; }
     echo "py38-env: $dir ($("$dir/bin/python" --version 2>&1), $("$dir/bin/python" -c 'import numpy, onnx, onnxruntime; print("numpy", numpy.__version__, "onnx", onnx.__version__, "onnxruntime", onnxruntime.__version__)'))"
 }

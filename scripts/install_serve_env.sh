@@ -12,13 +12,20 @@
 # `vitdeploy serve` in the main environment starts the server process with this one's python.
 #
 # The base interpreter is the system python3 (override: SERVE_BASE_PYTHON=/path/to/python3).
-# vitdeploy goes in as an editable install of this checkout with its core dependencies only
-# (no torch): the server needs the bundle runtime (ONNX Runtime; TensorRT on a GPU), not export.
+# vitdeploy goes in as an editable install of this checkout with its core dependencies and one ONNX
+# Runtime build (no torch): the server needs the bundle runtime, not export. SERVE_ORT_EXTRA picks the
+# build: `cpu` (default, PyPI's onnxruntime) or `gpu` (onnxruntime-gpu and TensorRT); never both, they
+# install the same module (docs/INSTALL.md).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${1:-$ROOT/.venv-serve}
 BASE=${SERVE_BASE_PYTHON:-/usr/bin/python3}
+ORT_EXTRA=${SERVE_ORT_EXTRA:-cpu}
+case "$ORT_EXTRA" in
+    cpu|gpu) ;;
+    *) echo "serve env: SERVE_ORT_EXTRA must be cpu or gpu (the ONNX Runtime build), got '$ORT_EXTRA'" >&2; exit 1 ;;
+esac
 
 if [[ ! -x "$BASE" ]]; then
     echo "serve env: no system Python at $BASE; install python3 (apt-get install python3 python3-venv) or set SERVE_BASE_PYTHON" >&2
@@ -55,6 +62,6 @@ if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -c "import sys; sys.exit(
 fi
 test -x "$VENV/bin/python" || "$BASE" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# The `serve` extra: nvidia-pytriton (Triton 2.x server + Python backend) and numpy < 2.
-"$VENV/bin/python" -m pip install -q -e "$ROOT[serve]"
+# The `serve` extra: nvidia-pytriton (Triton 2.x server + Python backend) and numpy < 2; with one ONNX Runtime build.
+"$VENV/bin/python" -m pip install -q -e "$ROOT[serve,$ORT_EXTRA]"
 "$VENV/bin/python" -c "import pytriton, numpy, onnxruntime, vitdeploy.serve.server; print('serve env: ready at $VENV (pytriton', __import__('importlib.metadata').metadata.version('nvidia-pytriton') + ', numpy', numpy.__version__ + ')')"

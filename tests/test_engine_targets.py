@@ -4,11 +4,12 @@ No Jetson ran any of this: the matrix is data read from the sources in ``jetpack
 device strings below are quoted from public records of real devices:
 
 * ``/etc/nv_tegra_release`` first lines: dusty-nv/jetson-containers jetson_containers/l4t_version.py
-  (comments quoting R35.3.1 and R32.7.1 boards); two third-party device logs found through the search
-  index (ids 8818311156 and 58103012036; the index does not name their repositories): an Orin NX on
-  R36.4.4 (nvidia-jetpack 6.2.1) and an AGX Orin on R39.2.0 (nvcc 13.2).
-* ``/proc/device-tree/model`` strings: the same device logs and id 68579880183 (an Orin Nano Super on
-  R39.2.1 with nvidia-jetpack 7.2.1-b49, tensorrt 10.16.2.10, nvcc 13.2, Python 3.12.3).
+  (comments quoting R35.3.1 and R32.7.1 boards); and, as realistic parser input only, three public
+  third-party device reports whose repositories could not be identified (so they are cited nowhere
+  and the matrix marks what only they showed as unconfirmed): an Orin NX on R36.4.4 (nvidia-jetpack
+  6.2.1), an AGX Orin on R39.2.0 (nvcc 13.2) and an Orin Nano Super on R39.2.1 (nvidia-jetpack 7.2.1,
+  tensorrt 10.16.2.10, nvcc 13.2, Python 3.12.3).
+* ``/proc/device-tree/model`` strings: the same device reports.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ def test_tegra_release_lines_from_real_boards():
     assert fingerprint.parse_tegra_release(R36_44) == {"l4t": "36.4.4", "jetpack": "6.2.1"}
     assert fingerprint.parse_tegra_release(R39) == {"l4t": "39.2.0", "jetpack": "7.2"}
     assert fingerprint.parse_tegra_release(R39_21) == {"l4t": "39.2.1", "jetpack": "7.2.1"}
-    # what that Orin Nano Super had installed is what the 7.2.1 row says
+    # what that Orin Nano Super had installed is what the 7.2.1 row says, marked unconfirmed (no source to cite)
     jp721 = jetpack.RELEASE_BY_KEY["7.2.1"]
-    assert (jp721.cuda, jp721.tensorrt, jp721.python, jp721.unconfirmed) == ("13.2", "10.16.2", "3.12", ())
+    assert (jp721.cuda, jp721.tensorrt, jp721.python) == ("13.2", "10.16.2", "3.12")
+    assert set(jp721.unconfirmed) == {"l4t", "cuda", "tensorrt", "python"}
     assert "orin-nano" in jp721.modules
     assert [jetpack.module_from_model(m).key for m in (AGX_ORIN, ORIN_NX, ORIN_NANO_SUPER)] == ["agx-orin", "orin-nx-16gb", "orin-nano"]
     assert jetpack.module_from_model("NVIDIA H200") is None

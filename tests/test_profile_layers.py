@@ -155,7 +155,7 @@ print("[07/07/2026-02:11:40] [I] Selected Device: Stand-in GPU")
 def test_profile_layers_runs_trtexec_maps_and_writes_reports(digits_bundle, copy_bundle, tmp_path, monkeypatch):
     """The orchestration with a stand-in trtexec (no GPU here): the command it is given, the exports moved into
     reports/ only when complete, the map to modules and the device state in the report. Stand-in nvpmodel and
-    jetson_clocks print what an Orin NX on L4T 36.4.4 printed (tests/test_profile_tegrastats.py, index id 8818311156)."""
+    jetson_clocks print what an Orin NX on L4T 36.4.4 printed (tests/test_profile_tegrastats.py: a third-party device report)."""
     import onnx
     from test_profile_tegrastats import ORIN_NX_R3644_CLOCKS, ORIN_NX_R3644_NVPMODEL
     from vitdeploy.bundle import Bundle

@@ -11,14 +11,14 @@ Sources (quoted verbatim):
   AGX Xavier: https://github.com/rbonghi/jetson_stats/blob/master/tests/tegrastats
 * hordiales/jetson-tx1-dev, lines from a Jetson TX1 (L4T 28.1, old format) and its
   `jetson_clocks.sh --show`: https://github.com/hordiales/jetson-tx1-dev/blob/master/SCRIPTS.md
-* Three Orin device records found through the search index (third party; the index gives their ids,
-  not their repositories), quoted as recorded:
-  - id 8818311156: Orin NX, L4T R36.4.4 (nvidia-jetpack 6.2.1), `nvpmodel -q` and `jetson_clocks --show`
-    with the clocks scaling (the L4T 36 format: "cpuN:  Online=1 Governor=...", "Active GPU TPCs");
-  - id 58103012036: AGX Orin, L4T R39.2.0, after jetson_clocks: every clock pinned, DLA/PVA lines;
-    its logger wrote `nvpmodel -q` on one line ("NV Power Mode: MAXN 0");
-  - id 68579880183: Orin Nano Super, L4T R39.2.1 (nvidia-jetpack 7.2.1): `nvpmodel -q`, `jetson_clocks
-    --show` and tegrastats lines whose rails print current/average/max and temperatures current/max.
+* Three Orin device reports from public third-party repositories that could not be identified (so no
+  citation: the output formats below are unconfirmed by a source a reader can open), quoted as recorded:
+  - Orin NX, L4T R36.4.4 (nvidia-jetpack 6.2.1), `nvpmodel -q` and `jetson_clocks --show` with the
+    clocks scaling (the L4T 36 format: "cpuN:  Online=1 Governor=...", "Active GPU TPCs");
+  - AGX Orin, L4T R39.2.0, after jetson_clocks: every clock pinned, DLA/PVA lines; its logger wrote
+    `nvpmodel -q` on one line ("NV Power Mode: MAXN 0");
+  - Orin Nano Super, L4T R39.2.1 (nvidia-jetpack 7.2.1): `nvpmodel -q`, `jetson_clocks --show` and
+    tegrastats lines whose rails print current/average/max and temperatures current/max.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ EMC MinFreq=12750000 MaxFreq=1600000000 CurrentFreq=1600000000 FreqOverride=1
 Fan: speed=255
 """
 
-# -- Orin records (search index ids above) -----------------------------------------------------------
+# -- Orin records (third-party device reports, above) -----------------------------------------------------------
 ORIN_NX_R3644_NVPMODEL = "NV Power Mode: MAXN_SUPER\n2\n"
 ORIN_NX_R3644_CLOCKS = """SOC family:tegra234  Machine:NVIDIA Jetson Orin NX Engineering Reference Developer Kit
 Online CPUs: 0-5

@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from vitdeploy.cli import main
 from vitdeploy.remote.target import SSH_OPTIONS_ENV, Target
 from vitdeploy.errors import UserError
+from waiting import HANG_GUARD_S, wait_until
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 VITDEPLOY = str(Path(sys.executable).parent / "vitdeploy")
@@ -82,17 +83,17 @@ class Device:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         self.log = open(root / "sshd.log", "wb")
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+
+        def listening() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited: {(root / 'sshd.log').read_text()}")
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                break
+                socket.create_connection(("127.0.0.1", self.port), timeout=5).close()
+                return True
             except OSError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError("sshd did not start listening within 15 s")
+                return False
+
+        wait_until(listening, "sshd listening")
 
     def options(self, key: Path | None = None) -> str:
         return (f"-F /dev/null -i {key or self.key} -o IdentitiesOnly=yes -o UserKnownHostsFile={self.root / 'known_hosts'} "
@@ -248,11 +249,12 @@ def test_lost_connection_mid_copy_leaves_both_sides_intact(ssh_env: Device, digi
     remote_dir = tmp_path / "device"
     marker = tmp_path / "mid-copy"
     # A "device vitdeploy" whose upload breaks off after 20 kB (the device's end goes away), and whose
-    # download stops after 1 kB and waits there, so the test can kill the ssh connection mid-stream.
+    # download stops after 1 kB and waits there (an hour: however slow the killer is, it is still mid-stream),
+    # so the test can kill the ssh connection mid-stream.
     flaky = tmp_path / "flaky-vitdeploy"
     flaky.write_text(f"""#!/bin/sh
 if [ "$1" = remote-agent ] && [ "$2" = receive ]; then head -c 20000 | "{VITDEPLOY}" "$@"; exit 1; fi
-if [ "$1" = remote-agent ] && [ "$2" = send ]; then "{VITDEPLOY}" "$@" | {{ head -c 1024; touch "{marker}"; sleep 60; }}; exit 1; fi
+if [ "$1" = remote-agent ] && [ "$2" = send ]; then "{VITDEPLOY}" "$@" | {{ head -c 1024; touch "{marker}"; sleep 3600; }}; exit 1; fi
 exec "{VITDEPLOY}" "$@"
 """)
     flaky.chmod(0o755)
@@ -271,7 +273,7 @@ exec "{VITDEPLOY}" "$@"
     before = _tree(bundle)
 
     def kill_when_mid_copy() -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_GUARD_S  # a hang guard: the copy below must not wait forever
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         for pid in _descendants(ssh_env.proc.pid):  # the connection's sshd processes and what they run
@@ -428,7 +430,7 @@ def test_ctrl_c_on_the_workstation_stops_the_command_on_the_device(ssh_env: Devi
     before = _tree(bundle)
     remote_dir = tmp_path / "device"
     proc = subprocess.Popen(
-        [VITDEPLOY, "profile", str(bundle), "--duration", "60", "--warmup", "1", "--threads", "1", "--no-plot", "--json",  # silent for 60 s
+        [VITDEPLOY, "profile", str(bundle), "--duration", "3600", "--warmup", "1", "--threads", "1", "--no-plot", "--json",  # silent for an hour
          "--on", ssh_env.on, "--remote-vitdeploy", VITDEPLOY, "--remote-dir", str(remote_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ, **{SSH_OPTIONS_ENV: ssh_env.options()}),
         # a pytest-xdist worker ignores SIGINT and children inherit that; a shell hands vitdeploy the default
@@ -447,29 +449,25 @@ def test_ctrl_c_on_the_workstation_stops_the_command_on_the_device(ssh_env: Devi
         return found
 
     try:
-        deadline = time.monotonic() + 90
-        while not on_device() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
+        wait_until(lambda: on_device() or proc.poll() is not None, "the profile run starting on the device", poll_s=0.2)
         assert on_device(), "the profile run never started on the device"
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
-        output = proc.communicate(timeout=60)[0].decode()
+        output = proc.communicate(timeout=HANG_GUARD_S)[0].decode()
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, output
     assert "interrupted" in output and "Traceback" not in output, output
-    deadline = time.monotonic() + 30
-    while on_device() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not on_device(), "the command kept running on the device"
+    # an hour-long profile that ends within the hang guard was stopped: counted by its duration, not timed
+    wait_until(lambda: not on_device(), "the command on the device stopping", poll_s=0.2)
     assert _tree(bundle) == before  # nothing came back half-way
 
 
 def test_agent_stops_the_command_when_its_connection_closes(digits_bundle: Any, copy_bundle: Any, tmp_path: Path):
     """The mechanism behind the test above, without ssh: the agent's stdin is the connection."""
     bundle = copy_bundle(digits_bundle)
-    agent = subprocess.Popen([VITDEPLOY, "remote-agent", "run", str(tmp_path), "--", "profile", str(bundle), "--duration", "60",
-                              "--warmup", "1", "--threads", "1", "--no-plot", "--json"],  # silent for 60 s: no broken pipe to die of
+    agent = subprocess.Popen([VITDEPLOY, "remote-agent", "run", str(tmp_path), "--", "profile", str(bundle), "--duration", "3600",
+                              "--warmup", "1", "--threads", "1", "--no-plot", "--json"],  # silent for an hour: no broken pipe to die of
                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def children() -> list[int]:
@@ -477,14 +475,10 @@ def test_agent_stops_the_command_when_its_connection_closes(digits_bundle: Any, 
                 if b"from vitdeploy.cli import main" in Path(f"/proc/{pid}/cmdline").read_bytes()] if agent.poll() is None else []
 
     try:
-        deadline = time.monotonic() + 60
-        while not children() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        started = children()
-        assert started, "the command did not start"
-        time.sleep(1)
+        started = wait_until(lambda: children() or agent.poll() is not None, "the command starting under the agent", poll_s=0.1)
+        assert started is not True, "the command did not start"
         agent.stdin.close()  # the workstation went away
-        returncode = agent.wait(timeout=30)
+        returncode = agent.wait(timeout=HANG_GUARD_S)  # the command runs for an hour unless the agent stops it
     finally:
         if agent.poll() is None:
             agent.kill()

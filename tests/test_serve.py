@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
+from waiting import HANG_GUARD_S, wait_until
 
 from vitdeploy.cli import main
 
@@ -58,7 +58,9 @@ def server(digits_bundle, tmp_path_factory):
 
     _require_serve_env()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    proc = ServeProcess(digits_bundle.root, ["--max-batch", str(MAX_BATCH), "--max-queue-delay-us", "2000", "--threads", "1"], log_path=log)
+    # a long --drain-timeout: the SIGTERM test's late request must find tritonserver still stopping
+    proc = ServeProcess(digits_bundle.root, ["--max-batch", str(MAX_BATCH), "--max-queue-delay-us", "2000", "--threads", "1",
+                                             "--drain-timeout", str(int(HANG_GUARD_S))], log_path=log)
     proc.start()
     yield proc
     proc.stop()
@@ -179,38 +181,66 @@ def test_same_top1_as_predict_over_http_and_grpc(server, digits_bundle, digits_s
     np.testing.assert_allclose(http_probs, grpc_probs, atol=1e-5)
 
 
+CLIENTS, PER_CLIENT = 8, 40  # 320 single-image requests; the batcher can merge at most CLIENTS of them
+
+
+def _statistics_headers(server) -> dict:
+    """PyTriton guards Triton's statistics API with an access token it generates and hands to
+    tritonserver on its command line (`--http-restricted-api APIS:triton-access-token=TOKEN`)."""
+    for pid in _server_tree(server.proc.pid):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        for flag, value in zip(args, args[1:]):
+            if flag == "--http-restricted-api" and "statistics" in value.split(":", 1)[0]:
+                key, token = value.split(":", 1)[1].split("=", 1)
+                return {key: token}
+    raise AssertionError("no tritonserver with a restricted statistics API in the server's process tree")
+
+
+def _small_batch_stats(client, server, headers) -> tuple:
+    """(images, executions) over the executions of at most CLIENTS images, from Triton's statistics
+    API: exact, kept per executed batch size (Prometheus' counters are not per batch size)."""
+    (stats,) = client.get_inference_statistics(server.model_name, headers=headers)["model_stats"]
+    sizes = [(b["batch_size"], b["compute_infer"]["count"]) for b in stats.get("batch_stats", []) if b["batch_size"] <= CLIENTS]
+    return sum(size * count for size, count in sizes), sum(count for _, count in sizes)
+
+
 def test_concurrent_load_has_no_failures_and_batches(server, digits_split):
-    """16 concurrent single-image clients: every request answered, and Triton did batch them."""
+    """Concurrent single-image clients: every request answered, Triton counted each exactly once,
+    and the dynamic batcher merged them.
+
+    Counted, not timed: the server reports an execution's statistics after its responses are sent,
+    so an earlier test's last execution may land after this test starts. One model instance runs
+    executions in order, so once a lone MAX_BATCH request (the fence) has been answered, every
+    execution before it has been counted; the fence itself lands in the batch size MAX_BATCH, which
+    this test's requests (at most CLIENTS in flight) never reach, so the baseline is exact."""
     images, _ = digits_split
-
-    def metric(name):
-        conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=10)
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{") and server.model_name in line)
-
-    inferences0, executions0 = metric("nv_inference_count"), metric("nv_inference_exec_count")
+    assert CLIENTS < MAX_BATCH
+    headers = _statistics_headers(server)
+    with _http(server) as client:
+        assert _infer_http(client, server.model_name, images[:MAX_BATCH]).as_numpy("probs").shape == (MAX_BATCH, 10)  # the fence
+        images0, executions0 = _small_batch_stats(client, server, headers)
     failures = []
 
     def client_loop(k):
         with _http(server) as client:
-            for j in range(20):
+            for j in range(PER_CLIENT):
                 try:
-                    probs = _infer_http(client, server.model_name, images[(k * 20 + j) % 360][None]).as_numpy("probs")
+                    probs = _infer_http(client, server.model_name, images[(k * PER_CLIENT + j) % 360][None]).as_numpy("probs")
                     assert probs.shape == (1, 10)
                 except Exception as exc:  # noqa: BLE001 - every failure is counted and reported
                     failures.append(repr(exc))
 
-    threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(16)]
+    threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(CLIENTS)]
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert failures == []
-    # Prometheus counters are refreshed on an interval: wait for the 320 inferences to show.
-    deadline = time.monotonic() + 10
-    while metric("nv_inference_count") - inferences0 < 320 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    inferences, executions = metric("nv_inference_count") - inferences0, metric("nv_inference_exec_count") - executions0
-    assert inferences == 320
+    sent = CLIENTS * PER_CLIENT
+    with _http(server) as client:
+        # the last execution's statistics may trail its responses: wait for them (nothing else runs now)
+        counted = wait_until(lambda: (lambda s: s if s[0] - images0 >= sent else None)(_small_batch_stats(client, server, headers)),
+                             "Triton counting this test's inferences")
+    inferences, executions = counted[0] - images0, counted[1] - executions0
+    assert inferences == sent
     assert executions < inferences  # the dynamic batcher merged concurrent requests
 
 
@@ -336,19 +366,39 @@ def test_faults_leak_nothing(server, digits_split):
                 _raw_infer(server, header + pixels[:100], len(header), len(header) + len(pixels), close_early=True)
         assert_still_serving(server, images)
 
+    seen = {}
+
+    def settled() -> bool:
+        """The connections the clients closed are reaped (the server does that in its own time)."""
+        seen["now"] = now = _resources(pid)
+        back = now["processes"] == before["processes"] and now["shm"] == before["shm"]
+        return back and now["fds"] <= before["fds"] + 2 and now["threads"] <= before["threads"] + 2
+
     faults(2)  # warm every path once
-    time.sleep(0.5)
-    before = _resources(pid)
+    before = _resources(pid)  # may still count the warm-up's closing connections: that only loosens the bound
     faults(20)  # 100 faulty requests
-    time.sleep(1.0)  # connections the clients closed are reaped
-    after = _resources(pid)
-    assert after["processes"] == before["processes"] and after["shm"] == before["shm"], (before, after)
-    assert after["fds"] <= before["fds"] + 2 and after["threads"] <= before["threads"] + 2, (before, after)
+    # a leak never settles: the hang guard then fails the test with the numbers
+    wait_until(settled, lambda: f"the server's processes, fds, threads and shared memory returning to {before} (last seen: {seen.get('now')})")
 
 
 # -- shutdown (last: it stops the module's server) -------------------------------------------------
+def _metric(server, name: str) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{") and server.model_name in line)
+
+
 @pytest.mark.slow
 def test_sigterm_drains_in_flight_rejects_new_and_exits_clean(server, digits_split):
+    """Ordered by events, not sleeps. The server's Python process (which runs the model's batches) is
+    paused with SIGSTOP while 16 full batches go out, so all of them are provably inside the server
+    when SIGTERM comes (one handed to the model, 15 in Triton's queue: its pending gauge); then it
+    continues, and every one must be answered in full. A request on a connection opened before the
+    signal, sent once tritonserver has been told to stop, gets an error response (the module's server
+    runs with a long --drain-timeout, so tritonserver is still there to give it, however slow this
+    machine is). Pausing the backend stub instead would not do: Triton reports a stopped stub as
+    unhealthy and fails its requests."""
     images, _ = digits_split
     proc = server.proc
     tree = _server_tree(proc.pid)
@@ -359,41 +409,48 @@ def test_sigterm_drains_in_flight_rejects_new_and_exits_clean(server, digits_spl
     assert Path(workspace).is_dir()
     assert len(tree) >= 3  # the CLI exec'd into the server, which runs tritonserver and a backend stub
 
-    batch = np.repeat(images[:1], MAX_BATCH, axis=0)
-    results, started = [], threading.Barrier(17)
+    batch = np.repeat(images[:1], MAX_BATCH, axis=0)  # a full batch each: the batcher cannot merge them
+    results, signalled = [], threading.Event()
 
-    def in_flight(k):
+    def in_flight():
         with _http(server) as client:
-            client.is_server_live()  # connected before the signal
-            started.wait()
-            t0 = time.monotonic()
             try:
                 shape = _infer_http(client, server.model_name, batch).as_numpy("probs").shape
-                results.append(("ok", t0, shape, time.monotonic()))
+                results.append(("ok", shape, signalled.is_set()))
             except Exception as exc:  # noqa: BLE001
-                results.append(("error", t0, repr(exc), time.monotonic()))
+                results.append(("error", repr(exc), signalled.is_set()))
 
-    threads = [threading.Thread(target=in_flight, args=(k,)) for k in range(16)]
-    [t.start() for t in threads]
     late = _http(server)
     late.is_server_live()  # an open connection, used only after SIGTERM
-    started.wait()
-    time.sleep(0.03)  # the requests have reached the server (16 batches take longer than this to run)
-    signal_at = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)  # the server has begun draining
+    threads = [threading.Thread(target=in_flight) for _ in range(16)]
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        [t.start() for t in threads]
+        wait_until(lambda: _metric(server, "nv_inference_pending_request_count") == 15, "15 requests queued behind the paused model")
+        proc.send_signal(signal.SIGTERM)  # held by the kernel until the process continues: it comes first
+        signalled.set()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    [t.join() for t in threads]
+    # every request that was in the server when the signal came was answered in full: drained
+    assert len(results) == 16 and all(r[0] == "ok" and r[1] == (MAX_BATCH, 10) and r[2] for r in results), results
+    wait_until(lambda: "Signal (2) received" in server.log_path.read_text(errors="replace"), "tritonserver being told to stop")
     with pytest.raises(InferenceServerException):
         _infer_http(late, server.model_name, images[:1])  # a request during shutdown: an error response
     late.close()
-    [t.join() for t in threads]
-    assert proc.wait(90) == 0, server.log_tail()
-    sent_before = [r for r in results if r[1] < signal_at]
-    assert sent_before and all(r[0] == "ok" and r[2] == (MAX_BATCH, 10) for r in sent_before), results
-    assert any(r[3] > signal_at for r in sent_before)  # some were still running when the signal came: drained
+    assert proc.wait(HANG_GUARD_S) == 0, server.log_tail()
+
+    def alive() -> list:
+        def running(p: int) -> bool:
+            try:
+                return "zombie" not in Path(f"/proc/{p}/status").read_text()
+            except (FileNotFoundError, ProcessLookupError):
+                return False
+
+        return [p for p in tree if running(p)]
+
     # nothing left behind: no process of the tree, no shared-memory region, no workspace
-    time.sleep(0.5)
-    alive = [p for p in tree if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text()]
-    assert alive == [], alive
+    wait_until(lambda: not alive(), lambda: f"the server's processes exiting (left: {alive()})")
     left = {n for n in shm_before if (Path("/dev/shm") / n).exists()}
     assert not left, left  # the server's regions are unlinked
     assert not Path(workspace).exists(), workspace  # PyTriton's workspace (model store, sockets) removed

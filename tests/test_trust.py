@@ -9,12 +9,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from waiting import HANG_GUARD_S, wait_until
 
 from vitdeploy.bundle import Bundle
 from vitdeploy.cli import main
@@ -155,8 +155,10 @@ def test_the_hash_is_cached_by_file_identity(tmp_path: Path, monkeypatch: pytest
     first = fileio.sha256_cached(path)
     fileio._HASHES.clear()  # a new process: the user's cache file answers
     assert fileio.sha256_cached(path) == first and len(calls) == 1
-    time.sleep(0.01)
-    path.write_bytes(b"b" * 1000)  # same size, new content: ctime moves, so it is hashed again
+    # same size, new content: ctime moves, so it is hashed again (rewritten until the file system's coarse
+    # clock has ticked, however fast or slow this machine is)
+    before = path.stat().st_ctime_ns
+    wait_until(lambda: path.write_bytes(b"b" * 1000) and path.stat().st_ctime_ns != before, "the file's ctime moving", poll_s=0.001)
     assert fileio.sha256_cached(path) != first and len(calls) == 2
 
 
@@ -294,12 +296,12 @@ def _start_export(out: Path) -> subprocess.Popen:
                             env=env, start_new_session=True)
 
 
-def _wait_for_staging(proc: subprocess.Popen, parent: Path, name: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while not _staging(parent, name):
+def _wait_for_staging(proc: subprocess.Popen, parent: Path, name: str) -> None:
+    def staging() -> bool:
         assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "export never started staging"
-        time.sleep(0.05)
+        return bool(_staging(parent, name))
+
+    wait_until(staging, "export starting to stage")
 
 
 @pytest.mark.slow
@@ -308,7 +310,7 @@ def test_sigterm_during_export_is_one_line_and_leaves_nothing(tmp_path: Path) ->
     proc = _start_export(out)
     _wait_for_staging(proc, tmp_path, "b")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 143, err
     assert [line for line in err.strip().splitlines() if line.startswith(("terminated", "error"))] == \
         ["terminated (SIGTERM): stopped; no file is half-written (each lands whole, with its manifest record, or not at all)"]
@@ -385,7 +387,7 @@ def test_a_later_export_removes_what_a_killed_one_left(tmp_path: Path) -> None:
     proc = _start_export(out)
     _wait_for_staging(proc, tmp_path, "b")
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=HANG_GUARD_S)
     assert _staging(tmp_path, "b")  # SIGKILL cannot be handled: the staging folder stays ...
     assert cli("export", "-o", out, "--no-check").exit_code == 0
     assert _staging(tmp_path, "b") == []  # ... until the next export into the same place

@@ -20,7 +20,9 @@ _INSTALL_HINTS = {
     "onnxslim": "pip install onnxslim",
     "onnxconverter_common": "pip install onnxconverter-common",
     "sklearn": "pip install scikit-learn",
-    "onnxruntime": "pip install onnxruntime (or onnxruntime-gpu on a CUDA machine)",
+    # one build only: both install the same module and overwrite each other (microsoft/onnxruntime#26996)
+    "onnxruntime": ("pip install 'vitdeploy[cpu]' (ONNX Runtime's CPU build) or 'vitdeploy[gpu]' (its CUDA build), never both; "
+                    "on a Jetson, NVIDIA's onnxruntime-gpu wheel for its JetPack (docs/INSTALL.md)"),
     "onnx": "pip install onnx",
     "tensorrt": "install TensorRT on the target (JetPack ships it; on servers: pip install tensorrt)",
     "cuda": "pip install cuda-python",

@@ -1,10 +1,12 @@
 """The Jetson software matrix as data: JetPack <-> Jetson Linux (L4T) <-> CUDA <-> TensorRT <-> modules <-> DLA.
 
-Every value here was read from a stored public source named in ``SOURCES`` (NVIDIA's JetPack and
-TensorRT pages where they could be found, otherwise third-party records of real devices, labelled
-as such). A value that no stored source confirmed is still listed, because a plan needs it, but its
-field is named in the row's ``unconfirmed`` tuple: ``vitdeploy targets`` prints it with a ``?`` and
-the plan says so. Nothing here was observed on a device by vitdeploy (no Jetson was available).
+Every value here was read from a public source named in ``SOURCES`` (NVIDIA's JetPack and TensorRT
+pages where they could be found, otherwise third-party records of real devices, labelled as such);
+each reference is one a user can open: a URL, or a GitHub repository and a path in it
+(tests/test_citations.py checks that). A value that no cited source confirms is still listed, because
+a plan needs it, but its field is named in the row's ``unconfirmed`` tuple: ``vitdeploy targets``
+prints it with a ``?`` and the plan says so. Nothing here was observed on a device by vitdeploy (no
+Jetson was available).
 
 Used by the fingerprint (L4T -> JetPack), the DLA rules ("Jetson Thor has no DLA"), the
 ``build-engine --target jpX.Y-<module>`` names, the on-device install check and ``vitdeploy targets``.
@@ -38,15 +40,8 @@ SOURCES: Dict[str, str] = {
                    "(Jetson Linux 38: kernel 6.8, derived from Ubuntu 24.04 LTS, for Jetson Thor)",
     "nv-jp7": "https://developer.nvidia.com/EMBEDDED/jetpack.md (JetPack 7: full support for Jetson Orin and Thor; "
               "Developer Guide r39.2)",
-    "orin-r392-log": "a public repository's environment log (third party, search index id 58103012036; the index does not "
-                     "name the repository): NVIDIA Jetson AGX Orin Developer Kit, '# R39 (release), REVISION: 2.0', "
-                     "nvcc release 13.2",
-    "orin-nx-r3644-log": "a public repository's system report (third party, search index id 8818311156, repository not "
-                         "named by the index): '# R36 (release), REVISION: 4.4', nvidia-jetpack 6.2.1+b38, Orin NX, "
-                         "'NV Power Mode: MAXN_SUPER'",
-    "orin-nano-r3921-log": "a public repository's environment report (third party, search index id 68579880183, repository "
-                           "not named by the index): Jetson Orin Nano Developer Kit Super, '# R39 (release), REVISION: 2.1', "
-                           "nvidia-jetpack 7.2.1-b49, nvcc 13.2, tensorrt 10.16.2.10-1+cuda13.2, Ubuntu 24.04, Python 3.12.3",
+    "nv-jp621-forum": "https://forums.developer.nvidia.com/t/jetpack-6-2-1-jetson-linux-36-4-4-is-now-live/337333 "
+                      "(NVIDIA's announcement; its title pairs JetPack 6.2.1 with Jetson Linux 36.4.4)",
     "nv-cuda13-thor": "https://developer.nvidia.com/blog/whats-new-in-cuda-toolkit-13-0-for-jetson-thor-unified-arm-ecosystem-and-more "
                       "(CUDA 13.0 unified Arm toolkit for Jetson Thor; Orin (sm_87) stays on its current path)",
     "nv-sm110": "https://docs.nvidia.com/cuda/curanddx/release_notes.html (0.2.1: 'Thor SM renaming from sm_101 to sm_110 "
@@ -63,10 +58,10 @@ SOURCES: Dict[str, str] = {
                         "version updated to CUDA 13.2'",
     "nv-dla-sw": "https://github.com/NVIDIA/Deep-Learning-Accelerator-SW (README: Orin SoCs feature up to two "
                  "second-generation DLAs, Xavier SoCs up to two first-generation; '2x DLA' on Jetson AGX Orin 64GB)",
-    "nv-trt86-hwcompat": "NVIDIA TensorRT 8.6 Developer Guide, 'Hardware Compatibility': 'hardware compatibility is only "
-                         "supported for Ampere and later device architectures and is not supported on NVIDIA DRIVE OS or "
-                         "JetPack' (the NVIDIA page is not stored; read as quoted by third parties, e.g. "
-                         "https://blog.csdn.net/ycx_ccc/article/details/135821294)",
+    "nv-trt86-hwcompat": "https://blog.csdn.net/ycx_ccc/article/details/135821294 (third party, quoting NVIDIA's TensorRT 8.6 "
+                         "Developer Guide, 'Hardware Compatibility': hardware compatibility is only supported for Ampere and "
+                         "later device architectures and is not supported on NVIDIA DRIVE OS or JetPack; NVIDIA's own page "
+                         "could not be read here)",
     "jtop-cuda-table": "rbonghi/jetson_stats jtop/core/jetson_variables.py (third party: CUDA_TABLE tegra194 = 7.2, "
                        "tegra23x (Orin) = 8.7)",
 }
@@ -94,14 +89,14 @@ MODULES: Dict[str, Module] = {m.key: m for m in (
     Module("agx-xavier", "Jetson AGX Xavier", "xavier", "7.2", 2, ("agx xavier",), ("jtop-cuda-table", "nv-dla-sw"),
            notes=("DLA count: 'Xavier SoCs feature up to two first-generation DLAs' (nv-dla-sw)",)),
     Module("xavier-nx", "Jetson Xavier NX", "xavier", "7.2", 2, ("xavier nx",), ("jtop-cuda-table", "nv-dla-sw"),
-           unconfirmed=("dla_cores",), notes=("DLA count per module not in a stored source (the SoC has up to two)",)),
+           unconfirmed=("dla_cores",), notes=("DLA count per module not in a cited source (the SoC has up to two)",)),
     Module("agx-orin", "Jetson AGX Orin", "orin", "8.7", 2, ("agx orin",), ("nv-cuda13-thor", "jtop-cuda-table", "nv-dla-sw")),
     Module("orin-nx-16gb", "Jetson Orin NX 16GB", "orin", "8.7", 2, ("orin nx",), ("nv-cuda13-thor", "jtop-cuda-table"),
-           unconfirmed=("dla_cores",), notes=("DLA count per module not in a stored source (the Orin SoC has up to two)",)),
+           unconfirmed=("dla_cores",), notes=("DLA count per module not in a cited source (the Orin SoC has up to two)",)),
     Module("orin-nx-8gb", "Jetson Orin NX 8GB", "orin", "8.7", 1, ("orin nx",), ("nv-cuda13-thor", "jtop-cuda-table"),
-           unconfirmed=("dla_cores",), notes=("DLA count per module not in a stored source",)),
+           unconfirmed=("dla_cores",), notes=("DLA count per module not in a cited source",)),
     Module("orin-nano", "Jetson Orin Nano", "orin", "8.7", 0, ("orin nano",), ("nv-cuda13-thor", "jtop-cuda-table"),
-           unconfirmed=("dla_cores",), notes=("'no DLA' is not confirmed by a stored NVIDIA source; treated as none",)),
+           unconfirmed=("dla_cores",), notes=("'no DLA' is not confirmed by a cited NVIDIA source; treated as none",)),
     Module("agx-thor", "Jetson AGX Thor (T5000)", "thor", "11.0", 0, ("thor",), ("nv-sm110", "nv-trt1141-dla", "nv-trt-drive-thor"),
            notes=("compute capability 11.0 under CUDA 13 (10.1 under CUDA 12.x)",)),
     Module("t4000", "Jetson T4000", "thor", "11.0", 0, ("t4000",), ("nv-jp71",),
@@ -146,38 +141,40 @@ RELEASES: Tuple[Release, ...] = (
     Release("5.1.1", ("35.3.1",), "11.4", "8.5.2", "20.04", "3.8", _JP5, True, ("nv-jp511", "dusty-l4t"), unconfirmed=("python",)),
     Release("5.1.2", ("35.4.1",), "11.4", "8.5.2", "20.04", "3.8", _JP5, True, ("nv-jp512", "dusty-l4t"), unconfirmed=("python",)),
     Release("5.1.3", ("35.5.0",), "11.4", "8.5.2", "20.04", "3.8", _JP5, True, ("nv-jp514",),
-            unconfirmed=("l4t", "python"), notes=("L4T 35.5.0 for 5.1.3 is not in a stored source",)),
+            unconfirmed=("l4t", "python"), notes=("L4T 35.5.0 for 5.1.3 is not in a cited source",)),
     Release("5.1.4", ("35.6.0",), "11.4", "8.5.2", "20.04", "3.8", _JP5, True, ("nv-jp514", "fpv-testenv")),
     Release("6.0", ("36.3.0",), "12.2", "8.6.2", "22.04", "3.10", _ORIN, True, ("dusty-l4t",),
             unconfirmed=("cuda", "tensorrt", "python"),
-            notes=("TensorRT 8.6.2 / CUDA 12.2 are not confirmed by a stored NVIDIA page",)),
+            notes=("TensorRT 8.6.2 / CUDA 12.2 are not confirmed by a cited NVIDIA page",)),
     Release("6.1", ("36.4.0",), "12.6", "10.3.0", "22.04", "3.10", _ORIN, True, ("pt-jp61", "dusty-l4t"), unconfirmed=("python",)),
     Release("6.2", ("36.4.3",), "12.6", "10.3.0", "22.04", "3.10", _ORIN, True, ("fpv-testenv", "dusty-l4t")),
-    Release("6.2.1", ("36.4.4",), "12.6", "10.3.0", "22.04", "3.10", _ORIN, True, ("orin-nx-r3644-log",),
+    Release("6.2.1", ("36.4.4",), "12.6", "10.3.0", "22.04", "3.10", _ORIN, True, ("nv-jp621-forum",),
             unconfirmed=("cuda", "tensorrt", "python"),
-            notes=("seen as L4T 36.4.4 with nvidia-jetpack 6.2.1 in public device records; the stack is assumed equal to 6.2",)),
+            notes=("Jetson Linux 36.4.4 per NVIDIA's announcement; the stack is assumed equal to 6.2",)),
     Release("7.0", ("38.2.0", "38.2.1"), "13.0", "10.13.3", "24.04", "3.12", ("agx-thor",), False,
             ("nv-jp70", "nv-r38-arch", "nv-cuda13-thor", "nv-trt-changelog", "nv-trt1141-dla"),
             unconfirmed=("tensorrt", "python"),
-            notes=("TensorRT 10.13 is not named by a stored JetPack 7.0 page; 10.13.2 is the first TensorRT with CUDA 13.0",
+            notes=("TensorRT 10.13 is not named by a cited JetPack 7.0 page; 10.13.2 is the first TensorRT with CUDA 13.0",
                    "Python 3.12 is Ubuntu 24.04's",)),
     Release("7.1", ("38.4.0",), "13.0", "10.13.3", "24.04", "3.12", ("agx-thor", "t4000"), False,
             ("nv-jp71", "nv-r38-arch", "nv-trt1141-dla"), unconfirmed=("tensorrt", "python"),
-            notes=("TensorRT 10.13 is not named by a stored JetPack 7.1 page",)),
+            notes=("TensorRT 10.13 is not named by a cited JetPack 7.1 page",)),
     Release("7.2", ("39.2.0",), "13.2", "10.16.1", "24.04", "3.12", _ORIN + ("agx-thor", "t4000"), None,
-            ("nv-jp7", "orin-r392-log", "nv-trt-changelog", "nv-trt1141-dla"), unconfirmed=("tensorrt", "python"),
-            notes=("the first JetPack with Orin and Thor on one stack (nv-jp7); TensorRT 10.16 is not named by a stored "
-                   "JetPack 7.2 page (10.16 is the TensorRT whose default CUDA is 13.2)",
-                   "DLA with this TensorRT is not stated by a stored source; NVIDIA's TensorRT 11.4.1 DLA page says "
+            ("nv-jp7", "nv-trt-changelog", "nv-trt1141-dla"), unconfirmed=("l4t", "cuda", "tensorrt", "python"),
+            notes=("the first JetPack with Orin and Thor on one stack (nv-jp7, Developer Guide r39.2); Jetson Linux 39.2.0, "
+                   "CUDA 13.2 and TensorRT 10.16 are not named by a cited JetPack 7.2 page (10.16 is the TensorRT whose "
+                   "default CUDA is 13.2)",
+                   "DLA with this TensorRT is not stated by a cited source; NVIDIA's TensorRT 11.4.1 DLA page says "
                    "'TensorRT 10.7 was the last 10.x release that supported DLA'")),
     Release("7.2.1", ("39.2.1",), "13.2", "10.16.2", "24.04", "3.12", _ORIN + ("agx-thor", "t4000"), None,
-            ("orin-nano-r3921-log", "nv-jp7", "nv-trt1141-dla"),
-            notes=("CUDA, TensorRT, Ubuntu and Python as recorded on an Orin Nano Super; the module list is 7.2's",
-                   "DLA with TensorRT 10.16 is not stated by a stored source (see 7.2)")),
+            ("nv-jp7", "dusty-l4t", "nv-trt1141-dla"), unconfirmed=("l4t", "cuda", "tensorrt", "python"),
+            notes=("Jetson Linux 39.2.1, CUDA 13.2, TensorRT 10.16.2 and Python 3.12 as a third-party record of an Orin "
+                   "Nano Super showed them, whose repository could not be named: not confirmed; the module list is 7.2's",
+                   "DLA with TensorRT 10.16 is not stated by a cited source (see 7.2)")),
     Release("7.2.2", ("39.2.2",), "13.2", "11.4.1", "24.04", "3.12", ("agx-orin", "agx-thor"), True,
             ("nv-trt1141-jetson", "nv-trt1141-dla"), unconfirmed=("l4t", "cuda", "python"), dla_modules=("agx-orin",),
             tensorrt_package="TensorRT 11.4.1 SBSA build (installed on JetPack 7.2.2+)",
-            notes=("the JetPack 7.2.2 Jetson Linux release number is not in a stored source",)),
+            notes=("the JetPack 7.2.2 Jetson Linux release number is not in a cited source",)),
 )
 RELEASE_BY_KEY: Dict[str, Release] = {r.jetpack: r for r in RELEASES}
 # Sources of facts about every Jetson target rather than one row (what `targets --sources` also prints).
@@ -233,7 +230,7 @@ def dla_cores(release: Release, module: Module) -> int:
 
 
 def facts(release: Release) -> Dict[str, object]:
-    """A row as plain data, with which fields no stored source confirmed (for reports and `targets --json`)."""
+    """A row as plain data, with which fields no cited source confirms (for reports and `targets --json`)."""
     data = {
         "jetpack": release.jetpack, "l4t": list(release.l4t), "cuda": release.cuda, "tensorrt": release.tensorrt,
         "tensorrt_package": release.tensorrt_package, "ubuntu": release.ubuntu, "python": release.python,
