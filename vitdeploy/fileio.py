@@ -57,6 +57,17 @@ def _remove_new(created: list[Path]) -> None:
             path.rmdir()  # only when still empty: another writer may have put something there
 
 
+def _create(folder: Path, make: Callable[[], Any]) -> Any:
+    """``make()`` (a mkstemp or mkdtemp in ``folder``); an OSError that is no refused write (a virtual file
+    system such as /proc answers ENOENT) is one line too."""
+    try:
+        return make()
+    except OSError as exc:
+        if exc.errno in STORAGE_ERRNOS:
+            raise
+        raise UserError(f"cannot write in {folder}: {exc.strerror}; choose a writable location") from None
+
+
 def ensure_writable_dir(directory: str | os.PathLike, needed: int = 0, what: str | None = None) -> None:
     """Fail early, before expensive work, when nothing (or not ``needed`` bytes and the reserve) can be
     written in ``directory``.
@@ -68,7 +79,7 @@ def ensure_writable_dir(directory: str | os.PathLike, needed: int = 0, what: str
     created = _ensure_dir(directory)
     try:
         with disk_errors(directory, needed or None, what):
-            fd, probe = tempfile.mkstemp(prefix=f".vitdeploy.probe.{os.getpid()}.", dir=directory)
+            fd, probe = _create(directory, lambda: tempfile.mkstemp(prefix=f".vitdeploy.probe.{os.getpid()}.", dir=directory))
             os.close(fd)
             os.unlink(probe)
             require_space(directory, needed, what)
@@ -94,7 +105,8 @@ def temp_file(target: str | os.PathLike, suffix: str | None = None, needed: int 
         with disk_errors(target.parent, written, target.name):
             if needed:
                 require_space(target.parent, needed, target.name)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp.{os.getpid()}.", suffix=suffix or "", dir=target.parent)
+            fd, tmp = _create(target.parent, lambda: tempfile.mkstemp(prefix=f".{target.name}.tmp.{os.getpid()}.", suffix=suffix or "",
+                                                                     dir=target.parent))
             os.close(fd)
             tmp_path = Path(tmp)
             os.chmod(tmp_path, _default_mode("file"))  # mkstemp's 0600 would make it unreadable to others
@@ -266,7 +278,7 @@ def _pid_alive(pid: int, since: float | None = None) -> bool:
         started = boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return True
-    return started <= since + 2.0  # btime and ticks are coarse
+    return started <= since + 300.0  # slack for coarse ticks and a network file system's clock
 
 
 def remove_stale(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
@@ -339,7 +351,7 @@ def hidden_dir(parent: str | os.PathLike, name: str, kind: str) -> Iterator[Path
     done = False
     try:
         with disk_errors(parent, what=f"the temporary files of {name}"):
-            folder = Path(tempfile.mkdtemp(prefix=f".{name}.{kind}.{os.getpid()}.", dir=parent))
+            folder = Path(_create(parent, lambda: tempfile.mkdtemp(prefix=f".{name}.{kind}.{os.getpid()}.", dir=parent)))
             os.chmod(folder, _default_mode("dir"))
             yield folder
         done = True
