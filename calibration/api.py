@@ -12,7 +12,6 @@ per output) and checked for finite outputs on edge valid_hw rows before anything
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, Callable
 from vitdeploy import onnx_io
 from vitdeploy.bundle import ARTIFACT_FILES, Bundle
 from vitdeploy.errors import CheckFailed, UserError
-from vitdeploy.fileio import sha256_file, signals_deferred
+from vitdeploy.fileio import hidden_dir, sha256_file, signals_deferred
 from vitdeploy.gate import Gate
 from vitdeploy.lazy import require
 
@@ -89,6 +88,9 @@ def calibrate_bundle(
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; calibrate writes model.int8.onnx into a bundle folder (export with -o DIR)")
     fp32 = bundle.artifact_path("fp32")
     ort = require("onnxruntime", "INT8 calibration")
+    # before minutes of calibration, not after: the bundle takes files, and room for ORT's copy of the
+    # graph beside the INT8 graph (about a quarter of the fp32 weights)
+    onnx_io.ensure_room(fp32, bundle.root / ARTIFACT_FILES["int8"], 1.25)
 
     # unknown module names fail now, not after minutes of calibration
     resolve(require("onnx").load(str(fp32), load_external_data=False), bundle.manifest.get("graph") or {}, opts.exclusions)
@@ -118,8 +120,8 @@ def calibrate_bundle(
 
     start = time.perf_counter()
     execution = GATED_EXECUTION[opts.target]
-    with tempfile.TemporaryDirectory(prefix="vitdeploy-int8.") as tmp:
-        work = Path(tmp)
+    # the candidates and ORT's files in the bundle (a killed run's are removed by the next command on it)
+    with hidden_dir(bundle.root, "calibrate", "work") as work:
         selection: dict[str, Any] | None = None
         smoothed: dict[str, Any] | None = None
         if data is None:  # nothing to score on: the one recipe, recorded as not measured

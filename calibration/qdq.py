@@ -27,18 +27,20 @@ import contextlib
 import copy
 import io
 import logging
-import tempfile
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from vitdeploy import onnx_io
 from vitdeploy.bundle import embed_manifest
 from vitdeploy.errors import InternalError, UserError
+from vitdeploy.fileio import hidden_dir, library_temp
 from vitdeploy.lazy import require
+from vitdeploy.storage import disk_errors, require_space
 
 from .exclusions import QUANTIZABLE_OPS, Exclusions, resolve
 from .inspect import inspect_qdq_placement
@@ -177,12 +179,12 @@ def compute_ranges(
     # TensorRT takes symmetric activation scales: calibrate symmetric ranges to begin with.
     options["symmetric"] = settings.activation_symmetric
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="vitdeploy-calib.") as tmp:
+    with _library_step(Path(fp32_path), Path(cache_path).parent, "ONNX Runtime's calibration graphs", copies=2) as (tmp, graph):
         with _quiet():
             calibrator = quant.create_calibrator(
-                Path(fp32_path),
+                graph,
                 list(QUANTIZABLE_OPS),
-                augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                augmented_model_path=str(tmp / "augmented.onnx"),
                 calibrate_method=_method_enum(quant, method),
                 use_external_data_format=external,
                 extra_options=options,
@@ -198,7 +200,7 @@ def compute_ranges(
         with _quiet():
             ranges = calibrator.compute_data()
         del calibrator
-    calibrate.save_tensors_data(ranges, Path(cache_path))
+        calibrate.save_tensors_data(ranges, Path(cache_path))
     return {
         "method": method,
         "method_options": {k: v for k, v in options.items()},
@@ -248,9 +250,10 @@ def quantize_graph(
         **settings.extra,
     }
     start = time.perf_counter()
-    with _quiet():
+    with _library_step(Path(fp32_path), Path(out_path).parent, f"{Path(out_path).name} (ONNX Runtime's quantizer)", copies=2) as (_, graph), \
+            _quiet():
         quant.quantize_static(
-            str(fp32_path),
+            str(graph),
             str(out_path),
             calibration_data_reader=None,
             quant_format=quant.QuantFormat.QDQ,
@@ -286,6 +289,27 @@ def quantize_graph(
         "placement": {k: v for k, v in placement.items() if k != "violations"},
         "quantize_seconds": round(seconds, 2),
     }
+
+
+@contextlib.contextmanager
+def _library_step(graph: Path, parent: Path, what: str, copies: int = 1) -> Iterator[tuple[Path, Path]]:
+    """(folder, graph) for a step of ORT's quantizer: it writes ``<graph>-inferred.onnx`` beside the graph
+    it is given and its other files in tempfile's folder, so it gets links to ``graph`` (and its data file)
+    in a hidden folder of ours under ``parent``, and that folder as its temporary folder; all of it is
+    removed when the step ends, whatever happens. On a full disk it writes a truncated file and fails
+    parsing it (DecodeError): that is reported as the full disk it is (vitdeploy.storage.disk_errors)."""
+    files = onnx_io.graph_files(graph)
+    needed = copies * sum(f.stat().st_size for f in files)  # its copies of the graph (shape-inferred, augmented, quantized)
+    require_space(parent, needed, what)
+    with hidden_dir(parent, "onnxruntime", "work") as folder:
+        with disk_errors(folder, needed, what, symptoms=True):
+            for src in files:
+                try:
+                    (folder / src.name).symlink_to(src.resolve())
+                except OSError:  # no symlinks on this file system: a copy
+                    shutil.copyfile(src, folder / src.name)
+        with library_temp(folder), disk_errors(folder, needed, what, symptoms=True):
+            yield folder, folder / graph.name
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import torch
 from vitdeploy import onnx_io, precisions
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions, write_labels)
 from vitdeploy.errors import CheckFailed, UsageError, UserError
-from vitdeploy.fileio import atomic_write_json
+from vitdeploy.fileio import atomic_write_json, library_temp
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
 
@@ -218,7 +218,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.exporter.{os.getpid()}.", dir=out_dir.parent) as keep:
         exporter_file = Path(keep) / ARTIFACT_FILES["fp32"]
         onnx_io.save(exporter_graph[0], exporter_file)
-        slim, record = run_onnxslim(exporter_graph.pop())
+        with library_temp(keep):  # onnxslim's own temporary files (graphs past 2 GiB) in our folder, removed with it
+            slim, record = run_onnxslim(exporter_graph.pop())
         release()
         if slim is None:
             log(f"kept the exporter's graph: {record.get('reason')}")

@@ -29,6 +29,9 @@ def open_export(source: Any, out_dir: str | Path, opts: Any, log: Callable[[str]
     ensure_writable_dir(out_dir.parent)  # before minutes of export work, not after
     labels = read_labels(opts.labels_file) if opts.labels_file else None
     loaded = load_source(source, opts.checkpoint, opts.num_classes, labels, opts.model_kwargs, random_init=opts.random_init, log=log)
+    # the fp32 graph holds the weights as float32: room for them (and the disk reserve), before the export
+    weights = sum(4 * p.numel() for p in loaded.model.parameters()) + sum(b.numel() * b.element_size() for b in loaded.model.buffers())
+    ensure_writable_dir(out_dir.parent, weights, out_dir.name)
     return out_dir, loaded
 
 

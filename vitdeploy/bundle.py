@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IntegrityError, UsageError, UserError
-from .fileio import atomic_write_json, atomic_write_text, sha256_cached
+from .fileio import atomic_write_json, atomic_write_text, sha256_cached, sweep_bundle
 from .manifest import FORMAT, validate_bundle_manifest, validate_core
 from .precisions import ARTIFACT_FILES, BY_NAME, NAMES, REGISTRY, listing, writers_text  # noqa: F401 - ARTIFACT_FILES re-exported
 from .precisions import manifest_record as precision_record
@@ -65,6 +65,7 @@ class Bundle:
                 manifest = json.loads(mpath.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
                 raise UserError(f"{mpath} is unreadable or not JSON ({exc}); re-export the bundle") from None
+            sweep_bundle(path)  # what a killed command (SIGKILL, power cut) left in it
             return cls(path, validate_bundle_manifest(manifest, str(mpath)))
         if path.is_file() and path.suffix == ".onnx":
             return cls(path.parent, read_onnx_manifest(path), bare_onnx=path)

@@ -1,6 +1,8 @@
 """One exception family. The CLI prints a VitDeployError as one line and exits with its code;
 anything else is a bug in vitdeploy and keeps its traceback."""
 
+from __future__ import annotations
+
 
 class VitDeployError(Exception):
     """Base of every error vitdeploy raises on purpose. ``exit_code`` is what the CLI returns."""
@@ -48,3 +50,24 @@ class InternalError(VitDeployError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a service manager, `kill`, a CI timeout): unwound like Ctrl-C, so every staged or
     temporary file is removed on the way out, then reported as 143 (128 + SIGTERM)."""
+
+
+class StorageError(UserError):
+    """A write the file system refused: full (ENOSPC) or over quota (EDQUOT), read-only (EROFS), or not
+    ours to write (EACCES, EPERM). Its one line names the folder and, for a full disk, about how much
+    the write needed (vitdeploy.fileio.storage_error); nothing was left behind."""
+
+    def __init__(self, message: str, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+
+def _storage_errnos() -> frozenset[int]:
+    import errno
+
+    return frozenset(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS, errno.EACCES, errno.EPERM)
+                     if code is not None)
+
+
+# The errno values of an OSError that means "this place cannot take the write" rather than a bug.
+STORAGE_ERRNOS = _storage_errnos()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import json
 import os
 import shutil
@@ -19,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import Terminated, UserError
+from .errors import STORAGE_ERRNOS, Terminated, UserError
+from .storage import STAGED_NAME, disk_errors, free_bytes, require_space, storage_error
 
 
 def _default_mode(kind: str) -> int:
@@ -29,58 +31,120 @@ def _default_mode(kind: str) -> int:
     return (0o777 if kind == "dir" else 0o666) & ~umask
 
 
-def _ensure_dir(directory: Path) -> None:
+def _ensure_dir(directory: Path) -> list[Path]:
+    """Create ``directory`` and its missing parents; the ones created, outermost first (removed again,
+    when empty, if the write they were made for fails: see _remove_new)."""
+    missing = []
+    for parent in [directory, *directory.parents]:
+        if parent.exists():
+            break
+        missing.append(parent)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        _remove_new(missing[::-1])
+        if exc.errno in STORAGE_ERRNOS:
+            raise storage_error(exc.errno, Path(exc.filename or directory).parent) from None
         raise UserError(f"cannot create directory {directory}: {exc.strerror}; choose a writable location") from None
-    if not os.access(directory, os.W_OK):
-        raise UserError(f"directory {directory} is not writable; choose a writable location")
+    if not directory.is_dir():
+        raise UserError(f"{directory} is not a directory; choose another location")
+    return missing[::-1]
 
 
-def ensure_writable_dir(directory: str | os.PathLike) -> None:
-    """Fail early, before expensive work, when nothing can be written in ``directory``.
+def _remove_new(created: list[Path]) -> None:
+    for path in reversed(created):
+        with contextlib.suppress(OSError):
+            path.rmdir()  # only when still empty: another writer may have put something there
+
+
+def _create(folder: Path, make: Callable[[], Any]) -> Any:
+    """``make()`` (a mkstemp or mkdtemp in ``folder``); an OSError that is no refused write (a virtual file
+    system such as /proc answers ENOENT) is one line too."""
+    try:
+        return make()
+    except OSError as exc:
+        if exc.errno in STORAGE_ERRNOS:
+            raise
+        raise UserError(f"cannot write in {folder}: {exc.strerror}; choose a writable location") from None
+
+
+def ensure_writable_dir(directory: str | os.PathLike, needed: int = 0, what: str | None = None) -> None:
+    """Fail early, before expensive work, when nothing (or not ``needed`` bytes and the reserve) can be
+    written in ``directory``.
 
     os.access is not enough (root passes it on read-only or virtual file systems): a probe file is
     created and removed.
     """
     directory = Path(directory)
-    _ensure_dir(directory)
+    created = _ensure_dir(directory)
     try:
-        fd, probe = tempfile.mkstemp(prefix=".vitdeploy-probe.", dir=directory)
-    except OSError as exc:
-        raise UserError(f"cannot write in {directory}: {exc.strerror}; choose a writable location") from None
-    os.close(fd)
-    os.unlink(probe)
+        with disk_errors(directory, needed or None, what):
+            fd, probe = _create(directory, lambda: tempfile.mkstemp(prefix=f".vitdeploy.probe.{os.getpid()}.", dir=directory))
+            os.close(fd)
+            os.unlink(probe)
+            require_space(directory, needed, what)
+    finally:
+        _remove_new(created)
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+def temp_file(target: str | os.PathLike, suffix: str | None = None, needed: int | None = None) -> Iterator[Path]:
+    """A hidden, empty temporary file beside ``target`` (same file system, so a rename is atomic), named
+    with this process's id so a later run can tell a dead writer's leftover (remove_stale); removed when
+    the block ends unless renamed. Refused writes in the block become a StorageError; folders made for it
+    are removed again when it fails."""
+    target = Path(target)
+    created = _ensure_dir(target.parent)
+    tmp_path: Path | None = None
+
+    def written() -> int:
+        return needed or (tmp_path.stat().st_size if tmp_path is not None and tmp_path.exists() else 0)
+
+    done = False
+    try:
+        with disk_errors(target.parent, written, target.name):
+            if needed:
+                require_space(target.parent, needed, target.name)
+            fd, tmp = _create(target.parent, lambda: tempfile.mkstemp(prefix=f".{target.name}.tmp.{os.getpid()}.", suffix=suffix or "",
+                                                                     dir=target.parent))
+            os.close(fd)
+            tmp_path = Path(tmp)
+            os.chmod(tmp_path, _default_mode("file"))  # mkstemp's 0600 would make it unreadable to others
+            yield tmp_path
+        done = True
+    finally:
+        if tmp_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                tmp_path.unlink()
+        if not done:
+            _remove_new(created)
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike, suffix: str | None = None, needed: int | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success rename it onto ``target``.
 
-    For writers that insist on a file name (``onnx.save``, ``torch.onnx.export``, TensorRT).
+    For writers that insist on a file name (``onnx.save``, ``torch.onnx.export``, TensorRT). A file that
+    would leave less than the disk reserve free is refused (and removed) instead of renamed.
     """
     target = Path(target)
-    _ensure_dir(target.parent)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or ".tmp", dir=target.parent)
-    except OSError as exc:
-        raise UserError(f"cannot write in {target.parent}: {exc.strerror}; choose a writable location") from None
-    os.close(fd)
-    tmp_path = Path(tmp)
-    os.chmod(tmp_path, _default_mode("file"))
-    try:
+    with temp_file(target, suffix, needed) as tmp_path:
         yield tmp_path
+        size = tmp_path.stat().st_size
+        free = free_bytes(target.parent)
+        require_space(target.parent, size, target.name, free=None if free is None else free + size)
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp_path, target)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        if _held["depth"] and threading.current_thread() is threading.main_thread():
+            landing = tmp_path.with_name(tmp_path.name + ".land")  # kept past temp_file's clean-up, until the block ends
+            os.replace(tmp_path, landing)
+            _held["landing"].append((landing, target))
+        else:
+            os.replace(tmp_path, target)
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> Path:
-    with atomic_path(target) as tmp:
+    with atomic_path(target, needed=len(data)) as tmp:
         tmp.write_bytes(data)
     return Path(target)
 
@@ -93,7 +157,8 @@ def atomic_write_json(target: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
-_held: dict[str, Any] = {"depth": 0, "caught": [], "previous": {}}  # the one deferral scope of this process
+# the one deferral scope of this process; "landing": (temporary file, target) renames held to its end
+_held: dict[str, Any] = {"depth": 0, "caught": [], "previous": {}, "landing": []}
 _unwinding: list[int] = []  # signals whose exception was raised and not yet reported (see raise_if_interrupted)
 
 
@@ -124,22 +189,37 @@ def signals_deferred() -> Iterator[None]:
     """Hold SIGINT/SIGTERM while files that must agree land together - a graph and the manifest that
     vouches for it, a command's reports and the record naming them - and re-deliver the first one when
     the outermost such block ends, so an interruption leaves all of them or none. Blocks nest; only the
-    main thread receives signals, elsewhere this does nothing. Keep the block to renames and small writes."""
+    main thread receives signals, elsewhere this does nothing. Keep the block to renames and small writes.
+
+    Files written with :func:`atomic_path` (and the atomic_write_* helpers) in the block are renamed into
+    place when the outermost block ends without an error, so a write the disk refuses halfway (the third
+    report of five) leaves none of them."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     if _held["depth"] == 0:
         raise_if_interrupted()
-        _held["caught"], _held["previous"] = [], {}
+        _held["caught"], _held["previous"], _held["landing"] = [], {}, []
         for sig in (signal.SIGINT, signal.SIGTERM):
             if signal.getsignal(sig) is not None:  # None: a handler Python did not install, left alone
                 _held["previous"][sig] = signal.signal(sig, lambda number, _frame: _held["caught"].append(number))
     _held["depth"] += 1
+    landed = False
     try:
         yield
+        landed = True
     finally:
         _held["depth"] -= 1
         if _held["depth"] == 0:
+            landing, _held["landing"] = _held["landing"], []
+            try:
+                for tmp, target in landing:
+                    if landed:
+                        os.replace(tmp, target)
+            finally:
+                for tmp, _ in landing:
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
             for sig, handler in _held["previous"].items():
                 signal.signal(sig, handler)
             for number in _held["caught"][:1]:
@@ -168,41 +248,138 @@ def swap_dir(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-# When this process started (close enough: vitdeploy imports this module first thing). A staging folder
-# older than that, whose writer is gone, was left by a killed export (SIGKILL, power loss).
+# -- what a killed writer left ---------------------------------------------------------------------------
+# Every hidden file or folder vitdeploy writes beside its target is named ``.NAME.KIND.PID[.*]``: a
+# temporary file (tmp), a staged graph (staged), a staged folder (staging) and the one it replaces (old),
+# export's scratch folder (exporter), a command's work folder (work). SIGKILL or a power cut cannot be
+# cleaned up after, so the next run of any command on that bundle removes those whose writer is gone.
+_LEGACY_NAME = re.compile(r"\.(.+)\.[A-Za-z0-9_]{8}\.(?:staged|tmp)")  # before writers' pids were in the names
+# When this process started (close enough: vitdeploy imports this module first thing). A leftover without
+# a pid is stale when it is older than that.
 PROCESS_START = time.time()
 
 
-def _pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int, since: float | None = None) -> bool:
+    """Whether process ``pid`` runs and (Linux, ``since`` given) already ran at time ``since``: a pid the
+    system reused for a later process is not the writer."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's live process
+        pass
+    except OSError:
+        return False
+    if since is None:
         return True
-    return True
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True
+    return started <= since + 300.0  # slack for coarse ticks and a network file system's clock
+
+
+def remove_stale(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Remove from ``folder`` the staging folders and temporary files (``.NAME.KIND.PID*``; only for
+    ``name`` when given) whose writer is gone. A live writer's (a concurrent command) are left alone, and
+    so are this process's; a leftover named before pids were (``.NAME.XXXXXXXX.staged``/``.tmp``) is
+    removed when it predates this process. Best effort: what cannot be removed stays."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = STAGED_NAME.fullmatch(entry.name)
+        legacy = _LEGACY_NAME.fullmatch(entry.name) if match is None else None
+        found = match or legacy
+        if found is None or (name is not None and found.group(1) != name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if match is not None:
+            pid = int(match.group(3))
+            stale = pid != os.getpid() and not _pid_alive(pid, since=st.st_mtime)
+        else:
+            stale = st.st_mtime < PROCESS_START
+        if not stale:
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if not os.path.lexists(path):
+            removed.append(path)
+    return removed
 
 
 def remove_stale_staging(target: Path) -> list[Path]:
-    """Remove the staging, swap-out and scratch folders a killed export into ``target`` left beside it.
+    """Remove what killed writers of ``target`` left beside it (see remove_stale)."""
+    return remove_stale(Path(target).parent, Path(target).name)
 
-    Their names carry the writer's pid (``.NAME.staging.PID.*``, ``.NAME.old.PID``, ``.NAME.exporter.PID.*``): a folder whose
-    writer is gone is removed; one whose writer still runs (a concurrent export) is left alone; an
-    older name without a pid is removed when it predates this process.
-    """
-    removed = []
-    for kind in ("staging", "old", "exporter"):
-        for path in target.parent.glob(f".{target.name}.{kind}.*"):
-            parts = path.name[len(f".{target.name}.{kind}."):].split(".")
-            pid = int(parts[0]) if parts[0].isdigit() else None
-            try:
-                stale = (not _pid_alive(pid) and pid != os.getpid()) if pid is not None else path.stat().st_mtime < PROCESS_START
-            except OSError:
-                continue
-            if stale and path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
-    return removed
+
+_swept: set[str] = set()
+
+
+def sweep_bundle(root: str | os.PathLike) -> None:
+    """Once per process per bundle: remove what killed commands left in it (its top folder, reports/,
+    engines/) and beside it (a killed export's staging folder)."""
+    root = Path(root)
+    key = os.path.abspath(root)
+    if key in _swept:
+        return
+    _swept.add(key)
+    for folder in (root, root / "reports", root / "engines"):
+        remove_stale(folder)
+    remove_stale(root.parent, root.name)
+
+
+@contextlib.contextmanager
+def hidden_dir(parent: str | os.PathLike, name: str, kind: str) -> Iterator[Path]:
+    """A new hidden folder ``parent/.NAME.KIND.PID.*`` (see remove_stale), removed when the block ends;
+    what killed writers left there is removed first. Refused writes in the block become a StorageError."""
+    parent = Path(parent)
+    created = _ensure_dir(parent)
+    remove_stale(parent, name)
+    folder: Path | None = None
+    done = False
+    try:
+        with disk_errors(parent, what=f"the temporary files of {name}"):
+            folder = Path(_create(parent, lambda: tempfile.mkdtemp(prefix=f".{name}.{kind}.{os.getpid()}.", dir=parent)))
+            os.chmod(folder, _default_mode("dir"))
+            yield folder
+        done = True
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        if not done:
+            _remove_new(created)
+
+
+def _tree_bytes(folder: Path) -> int:
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            total += path.lstat().st_size if path.is_file() else 0
+    return total
+
+
+@contextlib.contextmanager
+def library_temp(folder: str | os.PathLike) -> Iterator[None]:
+    """Point ``tempfile``'s default folder at ``folder`` (one of ours) while a library that makes its own
+    temporary files runs (ORT's quantizer, onnx and onnxslim), so they land where we remove them."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = os.fspath(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
 
 
 @contextlib.contextmanager
@@ -216,14 +393,7 @@ def staged_directory(target: str | os.PathLike, before_swap: Callable[[], None] 
     Staging folders that killed runs left beside the target are removed first.
     """
     target = Path(target)
-    _ensure_dir(target.parent)
-    remove_stale_staging(target)
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.{os.getpid()}.", dir=target.parent))
-    except OSError as exc:
-        raise UserError(f"cannot write in {target.parent}: {exc.strerror}; choose a writable location") from None
-    os.chmod(staging, _default_mode("dir"))
-    try:
+    with hidden_dir(target.parent, target.name, "staging") as staging, disk_errors(target.parent, lambda: _tree_bytes(staging), target.name):
         yield staging
         if before_swap is not None:
             before_swap()
@@ -231,9 +401,6 @@ def staged_directory(target: str | os.PathLike, before_swap: Callable[[], None] 
             swap_dir(staging, target)
             if then is not None:
                 then()
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

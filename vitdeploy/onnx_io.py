@@ -35,12 +35,12 @@ import contextlib
 import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import InternalError, UserError
-from .fileio import signals_deferred
+from .fileio import hidden_dir, signals_deferred, temp_file
+from .storage import disk_errors, require_space
 from .onnx_wire import (MIN_EXTERNAL_TENSOR_BYTES, Hashing, Sources, external_info, is_external, plan, set_field, stub, tensor_bytes,
                         write_model)
 
@@ -164,7 +164,10 @@ def save(model: Any, path: str | os.PathLike, threshold_bytes: int | None = None
     if any(entry[1] == "copy" for entry in pieces) and source_dir is None:
         raise InternalError("save: the model has tensors on disk (loaded with weights=False) and no source_dir to read them from")
     data_target = data_file(path)
-    with _temp_beside(path) as graph_tmp, _temp_beside(data_target) as data_tmp:
+    # what the write needs: the weights, copied or moved, and the graph's structure (without them)
+    needed = sum(size for _, _, size in pieces) + structure_copy(model).ByteSize()
+    require_space(path.parent, needed, path.name)
+    with _temp_beside(path) as graph_tmp, _temp_beside(data_target) as data_tmp, disk_errors(path.parent, needed, path.name):
         graph_digest, data_digest = hashlib.sha256(), hashlib.sha256()
         with open(graph_tmp, "wb") as graph_fh, open(data_tmp, "wb") as data_fh, Sources(source_dir) as sources:
             write_model(model, pieces, data_target.name, Hashing(graph_fh, graph_digest), Hashing(data_fh, data_digest), sources)
@@ -187,12 +190,7 @@ def staged(target: str | os.PathLike, then: Callable[[], None] | None = None) ->
     recording the graph in the bundle's manifest) runs in the same signal-free step, so an interruption
     never leaves a new graph beside a manifest that vouches for the old one."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".staged", dir=target.parent))
-    except OSError as exc:
-        raise UserError(f"cannot write in {target.parent}: {exc.strerror}; choose a writable location") from None
-    try:
+    with hidden_dir(target.parent, target.name, "staged") as folder:  # a killed writer's is removed first
         path = folder / target.name
         yield path
         if not path.is_file():
@@ -202,8 +200,17 @@ def staged(target: str | os.PathLike, then: Callable[[], None] | None = None) ->
             _commit(path, target, data if data.is_file() else None, data_file(target))
             if then is not None:
                 then()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+
+
+def ensure_room(src: str | os.PathLike, dst: str | os.PathLike, fraction: float = 1.0) -> None:
+    """Before a pass that derives graph ``dst`` from graph ``src`` starts (minutes of work on a large
+    model), refuse in one line a folder that cannot take it: not writable, or without about ``fraction``
+    of ``src``'s bytes (fp16: half; int8: a quarter, plus ORT's copy of the graph) and the disk reserve."""
+    from .fileio import ensure_writable_dir
+
+    dst = Path(dst)
+    needed = int(fraction * sum(f.stat().st_size for f in graph_files(src)))
+    ensure_writable_dir(dst.parent, needed, dst.name)
 
 
 def copy(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str, Any]:
@@ -218,7 +225,9 @@ def copy(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str, Any]:
     if data and (len(data) > 1 or data[0].name != data_file(src).name or dst.name != src.name):
         return save(load(src, weights=False), dst, threshold_bytes=0, source_dir=src.parent)
     data_target = data_file(dst)
-    with _temp_beside(dst) as graph_tmp, _temp_beside(data_target) as data_tmp:
+    needed = src.stat().st_size + sum(f.stat().st_size for f in data)
+    require_space(dst.parent, needed, dst.name)
+    with _temp_beside(dst) as graph_tmp, _temp_beside(data_target) as data_tmp, disk_errors(dst.parent, needed, dst.name):
         shutil.copyfile(src, graph_tmp)
         if data:
             shutil.copyfile(data[0], data_tmp)
@@ -335,24 +344,9 @@ def structure_copy(model: Any) -> Any:
 
 
 # -- atomic files -------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _temp_beside(target: Path) -> Iterator[Path]:
+def _temp_beside(target: Path) -> Any:
     """A hidden temporary file next to ``target`` (same file system), removed unless renamed."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise UserError(f"cannot write in {target.parent}: {exc.strerror}; choose a writable location") from None
-    os.close(fd)
-    path = Path(tmp)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)  # mkstemp's 0600 would make the graph unreadable to others
-    try:
-        yield path
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    return temp_file(target)
 
 
 def _commit(graph_tmp: Path, graph: Path, data_tmp: Path | None, data: Path) -> None:
@@ -376,6 +370,6 @@ def _commit(graph_tmp: Path, graph: Path, data_tmp: Path | None, data: Path) -> 
                 data.unlink()
 
 
-__all__ = ["DATA_SUFFIX", "DEFAULT_THRESHOLD_BYTES", "THRESHOLD_ENV", "check_files", "copy", "data_file", "file_record",
+__all__ = ["DATA_SUFFIX", "DEFAULT_THRESHOLD_BYTES", "THRESHOLD_ENV", "check_files", "copy", "data_file", "ensure_room", "file_record",
            "graph_files", "infer_shapes", "load", "parse_size", "referenced_files", "remove", "save", "structure_copy",
            "threshold", "tensor_bytes", "weight_bytes"]

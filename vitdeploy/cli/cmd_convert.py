@@ -47,16 +47,19 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
       vitdeploy convert vits-bundle --precision fp16 --recipe vits-bundle/reports/precision-recipe-fp16.json
       vitdeploy convert vits-bundle --target cpu
     """
-    from vitdeploy.bundle import Bundle
+    from vitdeploy.bundle import ARTIFACT_FILES, Bundle
     from vitdeploy.errors import UsageError
 
     if (precision is None) == (target is None):
         raise UsageError("give one of --precision fp16 or --target cpu")
     if target == "cpu":
         from vitdeploy.exporters.cpu_fused import add_cpu_graph_to_bundle
-        from vitdeploy.runtime.fused import CPU_KEY
+        from vitdeploy.onnx_io import ensure_room
+        from vitdeploy.runtime.fused import CPU_FILE, CPU_KEY
 
-        path = add_cpu_graph_to_bundle(Bundle.open(bundle))
+        opened = Bundle.open(bundle)
+        ensure_room(opened.artifact_path("fp32"), opened.root / CPU_FILE)  # before the passes, not after
+        path = add_cpu_graph_to_bundle(opened)
         record = Bundle.open(bundle).artifact_record(CPU_KEY)
         if as_json:
             echo_json(record)
@@ -74,7 +77,10 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
         from vitdeploy.calibration.recipe_file import fp16_keep, read_recipe
 
         keep += [k for k in fp16_keep(read_recipe(recipe_file, "fp16")) if k not in keep]
+    from vitdeploy.onnx_io import ensure_room
+
     target = Bundle.open(bundle)
+    ensure_room(target.artifact_path("fp32"), target.root / ARTIFACT_FILES["fp16"], 0.5)  # before the range pass, not after
     path = add_fp16_to_bundle(target, keep_fp32_ops=tuple(keep), data=data, eval_data=eval_data, data_max=data_max,
                               gate=gate)
     record = Bundle.open(bundle).artifact_record("fp16")

@@ -124,6 +124,18 @@ class VitCommand(OneLineErrors, click.Command):
             ctx.exit(1)
         except KeyboardInterrupt as exc:
             self._report_interrupt(ctx, signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+        except Exception as exc:
+            # a write the file system refused inside a library no helper wrapped (fileio/onnx_io convert
+            # their own): the same one line (vitdeploy.storage), not a traceback
+            from ..storage import storage_cause
+
+            refused = None if isinstance(exc, (click.exceptions.Exit, click.ClickException)) else storage_cause(exc)
+            if refused is None:
+                raise
+            if interrupted() is not None:
+                self._report_interrupt(ctx)
+            click.echo(f"error: {one_line(refused)}", err=True)
+            ctx.exit(refused.exit_code)
 
     @staticmethod
     def _report_interrupt(ctx: click.Context, signum: int = signal.SIGINT) -> None:

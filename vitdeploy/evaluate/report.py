@@ -69,8 +69,7 @@ def strata_csv(report: dict[str, Any]) -> str:
 
 
 def write_reports(report: dict[str, Any], out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)  # made by the first write (and removed again if the disk refuses it)
     paths = {"json": out / "evaluate.json", "csv": out / "evaluate.csv", "strata_csv": out / "evaluate_strata.csv"}
     atomic_write_json(paths["json"], report)
     atomic_write_text(paths["csv"], to_csv(report))
