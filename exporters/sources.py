@@ -116,7 +116,7 @@ def _load_builtin(name: str) -> LoadedModel:
 
     entry = builtin.get_builtin(name)
     config = entry.load_config()
-    spec = named_adapter("builtin").spec(config)
+    spec = named_adapter("builtin-digits").spec(config)
     pre = dict(config["preprocessing"])
     pre.setdefault("channel_order", "rgb")
     pre.setdefault("config_source", f"vitdeploy builtin:{name} config")
@@ -126,7 +126,7 @@ def _load_builtin(name: str) -> LoadedModel:
     source = {"kind": "builtin", "name": name, "checkpoint": None,
               "weights_sha256": weights["sha256"] if weights else None, "weights": weights}
     labels = list(config.get("labels") or [str(i) for i in range(spec.num_classes)])
-    return LoadedModel(entry.load_model(), spec, pre, labels, source, adapter=named_adapter("builtin"))
+    return LoadedModel(entry.load_model(), spec, pre, labels, source, adapter=named_adapter("builtin-digits"))
 
 
 def _load_reference(weights_path: Path, config_path: Path | None = None) -> LoadedModel:
@@ -141,7 +141,7 @@ def _load_reference(weights_path: Path, config_path: Path | None = None) -> Load
         raise UserError(f"reference checkpoint {weights_path} has no config {config_path.name} beside it (spec, preprocessing, labels)")
     try:
         config = json.loads(config_path.read_text())
-        spec = named_adapter("reference").spec(config)
+        spec = named_adapter("reference-vit").spec(config)
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise UserError(f"config {config_path} is not a vitdeploy reference-ViT config ({exc})") from None
     model = VisionTransformer(spec)
@@ -152,7 +152,7 @@ def _load_reference(weights_path: Path, config_path: Path | None = None) -> Load
     weights = file_weights("checkpoint", weights_path)
     source = {"kind": "ref", "name": str(weights_path), "checkpoint": str(weights_path), "weights_sha256": weights["sha256"],
               "weights": weights}
-    return LoadedModel(model, spec, pre, labels, source, adapter=named_adapter("reference"))
+    return LoadedModel(model, spec, pre, labels, source, adapter=named_adapter("reference-vit"))
 
 
 def spec_from_timm(model: Any, name: str) -> ViTSpec:

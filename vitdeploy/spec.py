@@ -13,6 +13,9 @@ from typing import Any
 from .errors import ConfigError, UserError
 
 
+# The read-outs a spec can declare. Which of them a model family implements is its adapter's answer
+# (exporters/adapters/): an attention-pool head ("map", SigLIP) brings its cost in ``extra_terms``.
+READOUTS = ("token", "avg", "map")
 # field -> manifest key where they differ (the manifest keeps the names bundles were written with)
 MANIFEST_KEYS = {"architecture": "family"}
 FIELD_OF_KEY = {key: name for name, key in MANIFEST_KEYS.items()}
@@ -31,7 +34,7 @@ class ViTSpec:
     class_token: bool = True
     num_reg_tokens: int = 0  # register tokens (timm `reg_tokens`)
     num_distill_tokens: int = 0  # DeiT distillation token
-    global_pool: str = "token"  # "token" (CLS readout) or "avg" (mean over patch tokens, GAP)
+    global_pool: str = "token"  # one of READOUTS: "token" (CLS), "avg" (mean over patch tokens, GAP), "map" (attention pool)
     pos_embed_prefix_rows: int = 1  # rows of the position table that belong to prefix tokens
     # the architecture's label, free-form: vit, deit-distilled, vit-reg, beit, eva02, vit-rope, hf-dinov2, ...
     # (the manifest's key for it is "family", as every bundle since format 1 has it: MANIFEST_KEYS)
@@ -61,8 +64,8 @@ class ViTSpec:
             raise ConfigError(f"mlp_kind must be 'mlp' or 'gated', got {self.mlp_kind!r}")
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.global_pool not in ("token", "avg"):
-            raise ConfigError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+        if self.global_pool not in READOUTS:
+            raise ConfigError(f"global_pool must be one of {', '.join(repr(r) for r in READOUTS)}, got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise ConfigError("global_pool='token' needs a class token")
         self.grid(*self.image_size)  # the native size must itself be valid

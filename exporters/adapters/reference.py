@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from vitdeploy.errors import UserError
 from vitdeploy.spec import ViTSpec
 
 from .base import FamilyAdapter, register_family
@@ -13,13 +14,16 @@ from .base import FamilyAdapter, register_family
 
 @register_family
 class ReferenceViT(FamilyAdapter):
-    name = "reference"
+    name = "reference-vit"
     library = "vitdeploy"
     variable_size_refusal = None
 
     def spec(self, config: dict[str, Any]) -> ViTSpec:
-        """The spec a reference checkpoint's config (or the builtin's) records."""
-        return ViTSpec.from_dict(config["spec"])
+        """The spec a reference checkpoint's config (or the builtin's) records; CLS or GAP read-out."""
+        spec = ViTSpec.from_dict(config["spec"])
+        if spec.global_pool not in ("token", "avg"):
+            raise UserError(f"the reference ViT reads out by CLS ('token') or GAP ('avg'), not {spec.global_pool!r}")
+        return spec
 
     def regrid_static(self, loaded: Any, height: int, width: int, interp: Any) -> Any:
         from vitdeploy.model import with_resolution
@@ -54,7 +58,7 @@ class ReferenceViT(FamilyAdapter):
 class BuiltinDigits(ReferenceViT):
     """``builtin:digits``: the reference ViT trained on the digits (scripts/train_digits.py)."""
 
-    name = "builtin"
+    name = "builtin-digits"
 
 
 class ReferenceParts:

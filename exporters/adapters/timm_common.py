@@ -69,11 +69,13 @@ class TimmFamily(FamilyAdapter):
 
 def timm_adapter(model: Any, name: str) -> TimmFamily:
     """The adapter of a built timm model, or a UserError naming why this model is out of reach."""
-    for cls in adapters_of("timm"):
-        if cls.claims(model):
-            adapter = cls()
-            adapter.accept(model, name)
-            return adapter
+    claimed = [cls for cls in adapters_of("timm") if cls.claims(model)]
+    # the most specific claimant: an adapter that subclasses another (a MAP-head ViT under TimmViT) wins
+    specific = [cls for cls in claimed if not any(other is not cls and issubclass(other, cls) for other in claimed)]
+    if specific:
+        adapter = specific[0]()
+        adapter.accept(model, name)
+        return adapter
     kind = type(model).__name__
     if kind in OUT_OF_REACH:
         raise UserError(f"timm model {name!r} is a {kind}: it {OUT_OF_REACH[kind]}")

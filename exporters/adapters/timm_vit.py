@@ -95,7 +95,8 @@ def _is_patch_conv(proj: Any) -> bool:
     return isinstance(proj, torch.nn.Conv2d) and tuple(proj.kernel_size) == tuple(proj.stride)
 
 
-def spec_from_timm(model: Any, name: str) -> ViTSpec:
+def spec_from_timm(model: Any, name: str, readouts: tuple[str, ...] = ("token", "avg")) -> ViTSpec:
+    """The spec of a timm VisionTransformer whose read-out (global_pool) is one of ``readouts``."""
     blocks = list(model.blocks)
     embed_dim = int(model.embed_dim)
     mlp_ratio, mlp_kind = mlp_shape(blocks[0], embed_dim)  # plain fc1/fc2, or gated (SwiGLU/GLU)
@@ -103,8 +104,8 @@ def spec_from_timm(model: Any, name: str) -> ViTSpec:
     dist = 1 if getattr(model, "dist_token", None) is not None else 0
     regs = int(model.reg_token.shape[1]) if getattr(model, "reg_token", None) is not None else 0
     pool = model.global_pool
-    if pool not in ("token", "avg"):
-        raise UserError(f"timm model {name!r} uses global_pool={pool!r}; vitdeploy supports 'token' and 'avg'")
+    if pool not in readouts:
+        raise UserError(f"timm model {name!r} uses global_pool={pool!r}; vitdeploy supports {' and '.join(repr(r) for r in readouts)}")
     if getattr(model, "pos_embed", None) is None:
         raise UserError(f"timm model {name!r} has no learned absolute position table")
     prefix_rows = 0 if model.no_embed_class else int(model.num_prefix_tokens)
