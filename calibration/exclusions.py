@@ -5,8 +5,8 @@ matmuls). A recipe can keep some of them in float:
 
 * ``op_types``: e.g. ``Conv`` (the patch embedding) or ``Gemm`` (a 2-D classifier head);
 * ``blocks``: PyTorch module names as the bundle's manifest maps them (``graph.module_outputs``:
-  ``blocks.0`` .. ``blocks.N``, ``norm``, ``head``; Hugging Face names for hf bundles) plus
-  ``patch_embed``. Node metadata does not survive the graph simplifier, so a module's nodes are
+  ``blocks.0`` .. ``blocks.N``, ``norm``, ``head``; Hugging Face names for hf bundles: each family
+  adapter's ``module_names``, exporters/adapters/) plus ``patch_embed``. Node metadata does not survive the graph simplifier, so a module's nodes are
   found from the graph itself: the ancestors of the module's output tensor that are not ancestors
   of the previous module's output;
 * ``roles``: ``qkv`` (the projections whose outputs feed the attention matmuls; Hugging Face's
@@ -16,7 +16,7 @@ matmuls). A recipe can keep some of them in float:
   GELU reads), ``mlp-fc2`` (the linear layer after GELU, whose input has a long positive tail),
   ``patch-embed`` (the Conv that reads the normalised pixels) and ``head`` (the classifier: the last
   linear layer before ``logits``). Roles are found from the graph's structure, so they mean the same
-  for timm, Hugging Face and builtin bundles;
+  for every model family (nothing here knows one);
 * a **cell** ``MODULE/ROLE`` in ``blocks`` (``blocks.2/mlp-fc2``): the layers of that role inside that
   module only, the unit ``vitdeploy debug-precision`` ranks and writes recipes in.
 """

@@ -93,13 +93,8 @@ def write_graph(path: Path, model_proto: Any, manifest: dict[str, Any]) -> dict[
 
 
 def torch_module_names(loaded: LoadedModel) -> list[str]:
-    """PyTorch modules whose outputs localise a divergence: each block, the final norm, the head."""
-    depth = loaded.spec.depth
-    if loaded.family == "hf":
-        from .hf_sources import hf_module_names
-
-        return hf_module_names(loaded.model, depth)
-    return [f"blocks.{i}" for i in range(depth)] + ["norm", "head"]
+    """PyTorch modules whose outputs localise a divergence: each block, the final norm, the head (the family adapter's names)."""
+    return loaded.adapter.module_names(loaded)
 
 
 # -- re-loading a bundle's source -------------------------------------------------------------------

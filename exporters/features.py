@@ -2,9 +2,10 @@
 
 Algorithm 39.1 outputs class probabilities "and the patch representations as needed". Many deployed
 ViTs are backbones: retrieval runs on the pooled embedding, dense heads on the G_h x G_w grid of
-patch features, and DINOv2-style models ship without a classifier at all. This module defines, per
-source family, exactly which tensors those outputs are, so that the exported graph, the PyTorch
-reference and the manifest's description agree:
+patch features, and DINOv2-style models ship without a classifier at all. This module holds the
+output set and the manifest's description; which tensors those outputs are is each family adapter's
+answer (exporters/adapters/: ``features``, ``readout``, ``final_norms``, ``reference_calls``), so
+that the exported graph, the PyTorch reference and the manifest's description agree:
 
 - ``embedding`` [B, d]: the pooled, final-normalised, pre-head feature of the model's own read-out.
   timm: ``forward_head(forward_features(x), pre_logits=True)`` (timm's own path, so GAP models get
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 from vitdeploy.errors import UsageError, UserError
 
-from .sources import LoadedModel
+from .loaded import LoadedModel
 
 OUTPUTS = ("logits", "probs", "embedding", "patch_grid")
 HEAD_OUTPUTS = ("logits", "probs")
@@ -75,22 +76,10 @@ def resolve_outputs(loaded: LoadedModel, requested: tuple[str, ...] | None) -> t
     return requested
 
 
-# -- the tensors, per source family --------------------------------------------------------------
-def _hf_dinov2_head(loaded: LoadedModel) -> bool:
-    """Dinov2ForImageClassification: its head reads [CLS, mean of the patch tokens], concatenated."""
-    return loaded.family == "hf" and loaded.source.get("model_type") == "dinov2" and has_head(loaded)
-
-
+# -- the tensors, per source family (each answered by its adapter, exporters/adapters/) ----------
 def readout_of(loaded: LoadedModel) -> str:
     """'cls', 'gap', 'cls+dist' (mean of the CLS and DIST rows) or 'cls|gap' (both, concatenated), as the model reads out."""
-    spec = loaded.spec
-    if spec.global_pool == "avg":
-        return "gap"
-    if loaded.family == "hf":
-        if _hf_dinov2_head(loaded):
-            return "cls|gap"
-        return "cls+dist" if str(loaded.source.get("architecture", "")).endswith("WithTeacher") else "cls"
-    return "cls+dist" if spec.num_distill_tokens else "cls"
+    return loaded.adapter.readout(loaded)
 
 
 def embedding_dim(loaded: LoadedModel) -> int:
@@ -104,14 +93,7 @@ def embedding_dim(loaded: LoadedModel) -> int:
 
 def final_norm_of(loaded: LoadedModel) -> tuple[str | None, str | None]:
     """(norm on the tokens / patch grid, norm on the pooled embedding): module names or None."""
-    if loaded.family == "hf":
-        if loaded.spec.global_pool == "avg":  # BEiT's mean pooling: the backbone's layernorm is Identity, the pooler's follows the mean
-            return None, "pooler.layernorm"
-        return "layernorm", "layernorm"
-    model = loaded.model
-    token_norm = None if isinstance(getattr(model, "norm", None), torch.nn.Identity) else "norm"
-    fc_norm = not isinstance(getattr(model, "fc_norm", torch.nn.Identity()), torch.nn.Identity)
-    return token_norm, ("fc_norm" if fc_norm else token_norm)
+    return loaded.adapter.final_norms(loaded)
 
 
 def forward_outputs(loaded: LoadedModel, x: torch.Tensor, outputs: tuple[str, ...], normalize_embedding: bool = False,
@@ -126,12 +108,7 @@ def forward_outputs(loaded: LoadedModel, x: torch.Tensor, outputs: tuple[str, ..
     if not want & set(FEATURE_OUTPUTS):
         logits = model(x)
         return _with_probs({"logits": logits}, want)
-    if loaded.family == "hf":
-        tokens, pooled, logits = _hf_features(loaded, model, x, "logits" in want or "probs" in want)
-    else:  # timm and the reference ViT share the forward_features / forward_head split
-        tokens = model.forward_features(x)
-        logits = model.forward_head(tokens) if ("logits" in want or "probs" in want) else None
-        pooled = _pre_logits(loaded, model, tokens) if "embedding" in want else None
+    tokens, pooled, logits = loaded.adapter.features(loaded, model, x, "logits" in want or "probs" in want, "embedding" in want)
     out: dict[str, torch.Tensor] = {}
     if logits is not None:
         out["logits"] = logits
@@ -147,40 +124,6 @@ def _with_probs(out: dict[str, torch.Tensor], want: set[str]) -> dict[str, torch
     if "probs" in want:
         out["probs"] = torch.softmax(out["logits"], dim=-1)
     return {k: out[k] for k in OUTPUTS if k in want}
-
-
-def _pre_logits(loaded: LoadedModel, model: Any, tokens: torch.Tensor) -> torch.Tensor:
-    if loaded.extra.get("projection_head"):  # CLIP-style: the embedding is the projection of the read-out
-        return model.forward_head(tokens)
-    if loaded.family.startswith("timm"):  # ViT, BEiT, EVA
-        return model.forward_head(tokens, pre_logits=True)  # timm's own semantics (fc_norm, DeiT's mean)
-    pooled = model.pool(tokens)  # reference ViT: CLS or GAP, fc_norm applied; DeiT: (h, dist row)
-    if isinstance(pooled, tuple):
-        return (pooled[0] + pooled[1]) / 2
-    return pooled
-
-
-def _hf_features(loaded: LoadedModel, model: Any, x: torch.Tensor, need_logits: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """HF: last_hidden_state (after the final layernorm, where the model has one), the pre-head
-    feature its classifier reads, and, when asked, the logits computed from them as transformers does."""
-    out = model.backbone(x)
-    tokens = out.last_hidden_state
-    hf = model.hf
-    readout = readout_of(loaded)
-    if readout == "gap":  # BEiT: BeitPooler, layernorm(mean of the patch tokens)
-        pooled = out.pooler_output
-    elif readout == "cls|gap":  # Dinov2ForImageClassification
-        pooled = torch.cat([tokens[:, 0], tokens[:, 1:].mean(dim=1)], dim=1)
-    elif readout == "cls+dist":
-        pooled = (tokens[:, 0] + tokens[:, 1]) / 2
-    else:
-        pooled = tokens[:, 0]
-    if not need_logits:
-        return tokens, pooled, None
-    if hasattr(hf, "cls_classifier"):  # DeiTForImageClassificationWithTeacher: mean of both heads
-        return tokens, pooled, (hf.cls_classifier(tokens[:, 0]) + hf.distillation_classifier(tokens[:, 1])) / 2
-    return tokens, pooled, hf.classifier(pooled if readout in ("gap", "cls|gap") else tokens[:, 0])
 
 
 def tokens_to_grid(tokens: torch.Tensor, num_prefix: int, grid_h: Any, grid_w: Any) -> torch.Tensor:
@@ -240,18 +183,7 @@ def describe_outputs(loaded: LoadedModel, outputs: tuple[str, ...], normalize_em
 
 
 def _reference_call(loaded: LoadedModel) -> dict[str, str]:
-    if loaded.family.startswith("timm"):
-        return {"logits": "timm model(x)", "embedding": "timm forward_head(forward_features(x), pre_logits=True)",
-                "patch_grid": "timm forward_features(x)[:, num_prefix_tokens:] reshaped row-major to [B, G_h, G_w, d], permuted to [B, d, G_h, G_w]"}
-    if loaded.family == "hf":
-        row = {"cls+dist": "mean of last_hidden_state[:, 0] and [:, 1] (after the final layernorm)",
-               "gap": "pooler_output (layernorm of the mean of the patch tokens)",
-               "cls|gap": "[last_hidden_state[:, 0], mean of last_hidden_state[:, 1:]] concatenated (after the final layernorm)",
-               }.get(readout_of(loaded), "last_hidden_state[:, 0] (after the final layernorm)")
-        return {"logits": "transformers model(pixel_values).logits", "embedding": f"transformers {row}",
-                "patch_grid": "transformers last_hidden_state[:, prefix:] reshaped row-major, permuted to [B, d, G_h, G_w]"}
-    return {"logits": "vitdeploy.model.VisionTransformer forward(x)", "embedding": "VisionTransformer pool(forward_features(x)) (CLS row or GAP, then fc_norm where the spec has one; DeiT: mean of the CLS and DIST rows)",
-            "patch_grid": "VisionTransformer forward_features(x)[:, num_prefix_tokens:] reshaped row-major, permuted to [B, d, G_h, G_w]"}
+    return loaded.adapter.reference_calls(loaded)
 
 
 def output_doc(name: str, detail: dict[str, Any]) -> str:

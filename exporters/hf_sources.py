@@ -1,11 +1,10 @@
 """`hf:ORG/NAME[@REVISION]` and `hf:DIR`: a transformers ViT-family model with its image processor and labels.
 
 Model, config and image processor come from ``from_pretrained`` (the hub or its cache, pinned to
-the commit the hub gave; a folder saved with ``save_pretrained``). The families are the ones
-vitdeploy already exports through timm: ViT, DeiT (also the distilled ``...WithTeacher`` head),
-BEiT (relative-position bias, mean-pooled read-out) and DINOv2 (``Dinov2ForImageClassification``,
-whose head reads [CLS, mean of the patch tokens], and the headless ``Dinov2Model``, which exports
-``embedding,patch_grid``). Anything else is refused in one line that names the class.
+the commit the hub gave; a folder saved with ``save_pretrained``). Which classes are exported, and
+everything that differs between them (spec, read-outs, positions), is their family adapter's
+(exporters/adapters/hf_*.py: ViT, DeiT incl. ``...WithTeacher``, BEiT, DINOv2 classifier and
+headless); anything else is refused in one line that names the class.
 
 transformers would fill weights a checkpoint lacks (a classifier on a headless repository) with
 random numbers and only log it; here that is refused, like every other way to random weights
@@ -19,38 +18,18 @@ import contextlib
 import hashlib
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from vitdeploy.errors import UserError
 from vitdeploy.lazy import require
-from vitdeploy.spec import ViTSpec
 
 from . import hub
+from .adapters import hf_adapter
 from .loaded import LoadedModel, file_weights, random_weights
 
-
-@dataclass(frozen=True)
-class HFFamily:
-    base: str  # attribute of the task model that holds the backbone (model.vit, model.beit, ...)
-    classifiers: tuple[str, ...]
-    backbone: str  # the headless class
-    pos_flag: bool  # forward takes interpolate_pos_encoding (DINOv2 always interpolates)
-
-
-FAMILIES = {
-    "vit": HFFamily("vit", ("ViTForImageClassification",), "ViTModel", True),
-    "deit": HFFamily("deit", ("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), "DeiTModel", True),
-    "beit": HFFamily("beit", ("BeitForImageClassification",), "BeitModel", True),
-    "dinov2": HFFamily("dinov2", ("Dinov2ForImageClassification",), "Dinov2Model", False),
-}
-SUPPORTED = ", ".join(c for f in FAMILIES.values() for c in (*f.classifiers, f.backbone))
 # transformers' weight files, in the order from_pretrained looks for them (modeling_utils: safetensors first)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-# BEiT's relative bias at another grid, as transformers computes it (BeitRelativePositionBias.forward)
-BEIT_RULE = ("transformers BeitRelativePositionBias: the (2G_h-1)x(2G_w-1) offset table resized bilinearly "
-             "(align_corners=False) to the new grid's offsets; CLS rows copied; index rebuilt for the new grid")
 PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 ALTERNATIVES = "save the model with save_pretrained and export hf:DIR, or export random weights with --random-init; nothing was written"
 
@@ -84,7 +63,7 @@ def load_hf(ref: str, random_init: bool, seed: int, recorded: dict[str, Any] | N
     transformers.utils.logging.disable_progress_bar()  # one line per command, not a weights bar
     with _loading(access, what):
         config = transformers.AutoConfig.from_pretrained(location, **kwargs)
-        arch, family = _architecture(config, what)
+        adapter, arch = hf_adapter(config, what)
         model_cls = getattr(transformers, arch)
         processor = transformers.AutoImageProcessor.from_pretrained(location, **kwargs)
         if random_init:
@@ -103,12 +82,12 @@ def load_hf(ref: str, random_init: bool, seed: int, recorded: dict[str, Any] | N
     if access is not None and access.note():
         log(access.note())
     model.eval()
-    headless = arch == family.backbone
-    spec = _spec(config, model, family, arch, headless)
+    headless = arch == adapter.backbone
+    spec = adapter.spec_from_config(config, model, arch, headless)
     pre, size = preprocessing_of(processor, what)
     extra: dict[str, Any] = {}
     if size != tuple(spec.image_size):
-        if config.model_type != "dinov2":
+        if not adapter.keeps_trained_table:
             raise UserError(f"{what}: the image processor gives {size[0]}x{size[1]} images but the model's image_size is "
                             f"{spec.image_size[0]}x{spec.image_size[1]}; save the processor the model was trained with")
         # DINOv2 keeps its 518x518 table and interpolates it to every input; its processor crops to
@@ -135,7 +114,7 @@ def load_hf(ref: str, random_init: bool, seed: int, recorded: dict[str, Any] | N
     }
     if random_init:
         source["random_init_seed"] = int(seed)
-    return LoadedModel(hf_module(model, family.pos_flag), spec, pre, labels, source, family="hf", extra=extra)
+    return LoadedModel(adapter.wrap(model), spec, pre, labels, source, adapter=adapter, extra=extra)
 
 
 @contextlib.contextmanager
@@ -154,114 +133,12 @@ def _loading(access: hub.HubAccess | None, what: str) -> Any:
         raise UserError(f"cannot load the hf model {what[3:]}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
 
 
-def _architecture(config: Any, what: str) -> tuple[str, HFFamily]:
-    """The class the repository was saved as (config.architectures), if vitdeploy exports it."""
-    named = list(getattr(config, "architectures", None) or [])
-    family = FAMILIES.get(config.model_type)
-    arch = named[0] if named else (family.classifiers[0] if family else config.model_type)
-    if family is None or arch not in (*family.classifiers, family.backbone):
-        raise UserError(f"{what} is a {arch} (model type {config.model_type!r}), which vitdeploy does not export; "
-                        f"supported: {SUPPORTED}")
-    return arch, family
-
-
 def _refuse_missing(info: dict[str, Any], arch: str, what: str) -> None:
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         raise UserError(f"{what}: the checkpoint lacks {len(missing)} weights of {arch} ({', '.join(missing[:3])}"
                         f"{' ...' if len(missing) > 3 else ''}), which transformers would fill with random numbers; "
                         "export the class the repository was trained as, or give weights that have them")
-
-
-def _spec(config: Any, model: Any, family: HFFamily, arch: str, headless: bool) -> ViTSpec:
-    def pair(value: Any) -> tuple[int, int]:
-        return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-    model_type = config.model_type
-    if model_type == "dinov2":  # no intermediate_size: mlp_ratio, or SwiGLU's rounded two thirds
-        mlp = hf_base(model).encoder.layer[0].mlp
-        gated = bool(getattr(config, "use_swiglu_ffn", False))
-        hidden = mlp.down_proj.in_features if gated else mlp.fc1.out_features
-        mlp_ratio, mlp_kind = hidden / config.hidden_size, ("gated" if gated else "mlp")
-    else:
-        mlp_ratio, mlp_kind = config.intermediate_size / config.hidden_size, "mlp"
-    distilled = model_type == "deit"
-    mean_pool = model_type == "beit" and bool(getattr(config, "use_mean_pooling", False))
-    abs_table = model_type != "beit" or bool(getattr(config, "use_absolute_position_embeddings", False))
-    rel = None
-    if model_type == "beit" and (config.use_relative_position_bias or config.use_shared_relative_position_bias):
-        rel = {"scope": "shared" if config.use_shared_relative_position_bias else "per-block", "rule": BEIT_RULE,
-               "table": "(2G_h-1)(2G_w-1)+3 rows x heads", "transformers_class": "BeitRelativePositionBias"}
-    return ViTSpec(
-        image_size=pair(config.image_size),
-        patch_size=pair(config.patch_size),
-        embed_dim=config.hidden_size,
-        depth=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        num_classes=0 if headless else config.num_labels,
-        in_chans=config.num_channels,
-        mlp_ratio=mlp_ratio,
-        mlp_kind=mlp_kind,
-        global_pool="avg" if mean_pool else "token",
-        num_distill_tokens=1 if distilled else 0,
-        pos_embed_prefix_rows=(2 if distilled else 1) if abs_table else 0,
-        abs_pos_embed=abs_table,
-        rel_pos_bias=rel,
-        family=f"hf-{model_type}" + ("-distilled" if arch.endswith("WithTeacher") else ""),
-    )
-
-
-def model_wrapper_free(model: Any) -> Any:
-    """The transformers model itself, whether or not it is inside vitdeploy's wrapper."""
-    return getattr(model, "hf", model)
-
-
-def hf_base(model: Any) -> Any:
-    """The backbone (ViTModel, DeiTModel, BeitModel, Dinov2Model) of a task model, wrapped or not."""
-    inner = model_wrapper_free(model)
-    family = FAMILIES.get(getattr(inner.config, "model_type", ""))
-    return getattr(inner, family.base, inner) if family else inner
-
-
-def hf_module_names(model: Any, depth: int) -> list[str]:
-    """Module paths (inside vitdeploy's wrapper) of each block, the final norm and the head, for `check`."""
-    names = {name for name, _ in model.named_modules()}
-    inner = model_wrapper_free(model)
-    family = FAMILIES.get(inner.config.model_type)
-    base = f"hf.{family.base}" if family and f"hf.{family.base}" in names else "hf"
-    # transformers 5 keeps the blocks in `<base>.layers` for ViT/DeiT/BEiT, 4.x (and DINOv2) in `<base>.encoder.layer`
-    blocks = f"{base}.layers" if f"{base}.layers.0" in names else f"{base}.encoder.layer"
-    ends = [m for m in (f"{base}.layernorm", f"{base}.pooler", "hf.cls_classifier", "hf.classifier") if m in names]
-    return [f"{blocks}.{i}" for i in range(depth)] + ends
-
-
-def hf_module(model: Any, pos_flag: bool) -> Any:
-    """Wrap a transformers model so forward(pixel_values) returns the logits tensor (the class is made
-    here so that importing this module does not import torch)."""
-    torch = require("torch")
-
-    class HFLogits(torch.nn.Module):
-        def __init__(self, inner: Any):
-            super().__init__()
-            self.hf = inner
-            # ViT/DeiT/BEiT: True interpolates the position terms to the input (dynamic graphs);
-            # DINOv2 always interpolates and takes no such argument
-            self.interpolate_pos_encoding = False
-            self.takes_pos_flag = pos_flag
-
-        def forward(self, pixel_values):
-            if self.takes_pos_flag:
-                return self.hf(pixel_values=pixel_values, interpolate_pos_encoding=self.interpolate_pos_encoding).logits
-            return self.hf(pixel_values=pixel_values).logits
-
-        def backbone(self, pixel_values):
-            """The backbone's output (last_hidden_state, pooler_output) at the graph's position handling."""
-            base = hf_base(self.hf)
-            if self.takes_pos_flag:
-                return base(pixel_values=pixel_values, interpolate_pos_encoding=self.interpolate_pos_encoding)
-            return base(pixel_values=pixel_values)
-
-    return HFLogits(model)
 
 
 # -- the image processor -------------------------------------------------------------------------

@@ -32,7 +32,8 @@ class LoadedModel:
     preprocessing: dict[str, Any]  # mean, std, scale, channel_order, host_resize, input_size
     labels: list[str]
     source: dict[str, Any]  # kind, name, checkpoint, weights_sha256, ...
-    family: str = "reference"  # how to re-grid its positions: reference | timm | timm-beit | timm-eva | hf
+    # its family adapter (exporters/adapters/): re-gridding, read-outs, module names, variable size
+    adapter: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

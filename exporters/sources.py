@@ -18,6 +18,7 @@ from vitdeploy.spec import ViTSpec
 
 # LoadedModel and the checkpoint helpers live in loaded.py (the per-library loaders import them from
 # there); they are re-exported here, where the rest of vitdeploy has always found them.
+from .adapters import named_adapter
 from .loaded import (RANDOM_INIT_SEED, LoadedModel, apply_state_dict, file_weights, load_state_dict,  # noqa: F401
                      require_same_weights, set_projection_head, state_sha256)
 
@@ -115,7 +116,7 @@ def _load_builtin(name: str) -> LoadedModel:
 
     entry = builtin.get_builtin(name)
     config = entry.load_config()
-    spec = ViTSpec.from_dict(config["spec"])
+    spec = named_adapter("builtin-digits").spec(config)
     pre = dict(config["preprocessing"])
     pre.setdefault("channel_order", "rgb")
     pre.setdefault("config_source", f"vitdeploy builtin:{name} config")
@@ -125,7 +126,7 @@ def _load_builtin(name: str) -> LoadedModel:
     source = {"kind": "builtin", "name": name, "checkpoint": None,
               "weights_sha256": weights["sha256"] if weights else None, "weights": weights}
     labels = list(config.get("labels") or [str(i) for i in range(spec.num_classes)])
-    return LoadedModel(entry.load_model(), spec, pre, labels, source, family="reference")
+    return LoadedModel(entry.load_model(), spec, pre, labels, source, adapter=named_adapter("builtin-digits"))
 
 
 def _load_reference(weights_path: Path, config_path: Path | None = None) -> LoadedModel:
@@ -140,7 +141,7 @@ def _load_reference(weights_path: Path, config_path: Path | None = None) -> Load
         raise UserError(f"reference checkpoint {weights_path} has no config {config_path.name} beside it (spec, preprocessing, labels)")
     try:
         config = json.loads(config_path.read_text())
-        spec = ViTSpec.from_dict(config["spec"])
+        spec = named_adapter("reference-vit").spec(config)
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise UserError(f"config {config_path} is not a vitdeploy reference-ViT config ({exc})") from None
     model = VisionTransformer(spec)
@@ -151,12 +152,12 @@ def _load_reference(weights_path: Path, config_path: Path | None = None) -> Load
     weights = file_weights("checkpoint", weights_path)
     source = {"kind": "ref", "name": str(weights_path), "checkpoint": str(weights_path), "weights_sha256": weights["sha256"],
               "weights": weights}
-    return LoadedModel(model, spec, pre, labels, source, family="reference")
+    return LoadedModel(model, spec, pre, labels, source, adapter=named_adapter("reference-vit"))
 
 
 def spec_from_timm(model: Any, name: str) -> ViTSpec:
-    """The ViTSpec of a timm VisionTransformer (exporters/timm_source.py)."""
-    from .timm_source import spec_from_timm as spec_of
+    """The ViTSpec of a timm VisionTransformer (exporters/adapters/timm_vit.py)."""
+    from .adapters.timm_vit import spec_from_timm as spec_of
 
     return spec_of(model, name)
 

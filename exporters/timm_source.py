@@ -63,7 +63,7 @@ def load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None,
     if revision and recorded is None and not (pretrained or on_hub):
         raise UserError(f"{what}: a revision (@{revision}) selects published weights; --checkpoint and --random-init do not use them")
     if not on_hub:  # the architecture first (meta device: no weights, no download): non-ViTs are refused at once
-        _check_family(timm, base, kwargs)
+        _check_architecture(timm, base, kwargs)
     if pretrained:
         _require_published(cfg, base, what, kwargs, repo_id)
     access = None
@@ -82,7 +82,7 @@ def load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None,
     model = _create(timm, build_name, pretrained, overlay, kwargs, access, what)
     if access is not None and access.note():
         log(access.note())
-    family, spec = _family_and_spec(model, base)
+    adapter, spec = _adapter_and_spec(model, base)
     if state is not None:
         apply_state_dict(model, state, str(checkpoint))
     if state is not None:
@@ -108,7 +108,7 @@ def load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None,
     if weights["origin"] == "random":
         source["random_init_seed"] = int(seed)
     loaded = LoadedModel(model, spec, _preprocessing(model.pretrained_cfg, base), _labels(model, spec.num_classes, published=state is None),
-                         source, family=family)
+                         source, adapter=adapter)
     if is_projection_head(model, spec.num_classes, num_classes, published=state is None):
         set_projection_head(loaded)  # CLIP-style: an embedding, unless the user names its outputs (--labels)
     # how regrid.py rebuilds this architecture (dynamic_img_size): the hub config pinned to its commit
@@ -144,19 +144,15 @@ def _pretrained_cfg(timm: Any, base: str) -> Any:
         raise UserError(f"timm has no pretrained tag {tag!r} for {arch}; published: {', '.join(tags[:8]) or 'none'}") from None
 
 
-def _family_and_spec(model: Any, base: str) -> tuple[str, ViTSpec]:
-    """ViT, BEiT (relative bias) or EVA (rotary) and its spec; else one line why vitdeploy cannot export it."""
-    from .families import TIMM_BEIT, TIMM_EVA, spec_from_beit, spec_from_eva, timm_family
+def _adapter_and_spec(model: Any, base: str) -> tuple[Any, ViTSpec]:
+    """The family adapter of a timm model (ViT, BEiT, EVA ...) and its spec; else one line why vitdeploy cannot export it."""
+    from .adapters import timm_adapter
 
-    family = timm_family(model, base)
-    if family == TIMM_BEIT:
-        return family, spec_from_beit(model, _arch_name(model, base))
-    if family == TIMM_EVA:
-        return family, spec_from_eva(model, _arch_name(model, base))
-    return family, spec_from_timm(model, base)
+    adapter = timm_adapter(model, base)
+    return adapter, adapter.spec(model, _arch_name(model, base))
 
 
-def _check_family(timm: Any, base: str, kwargs: dict[str, Any]) -> None:
+def _check_architecture(timm: Any, base: str, kwargs: dict[str, Any]) -> None:
     torch = require("torch")
     try:
         with torch.device("meta"):
@@ -166,7 +162,7 @@ def _check_family(timm: Any, base: str, kwargs: dict[str, Any]) -> None:
             skeleton = timm.create_model(base, pretrained=False, **kwargs)
         except Exception as exc:  # noqa: BLE001 - timm raises RuntimeError/TypeError/AssertionError for what it cannot build
             raise UserError(f"timm cannot build {base!r} with {kwargs}: {' '.join(str(exc).split())[:300]}") from None
-    _family_and_spec(skeleton, base)
+    _adapter_and_spec(skeleton, base)
 
 
 def _require_published(cfg: Any, base: str, what: str, kwargs: dict[str, Any], repo_id: str | None) -> None:
@@ -235,7 +231,7 @@ def _torch_hub_file(url: str) -> Path:
 
 
 def _arch_name(model: Any, base: str) -> str:
-    """The registered architecture (families.py names BEiT v2 and EVA-02 by it) of a hub model."""
+    """The registered architecture (the BEiT and EVA adapters name BEiT v2 and EVA-02 by it) of a hub model."""
     return str(model.pretrained_cfg.get("architecture") or base) if base.startswith(HUB_PREFIX) else base
 
 
@@ -285,39 +281,3 @@ def _named_labels(model: Any, num_classes: int, published: bool) -> list[str] | 
     except Exception:  # noqa: BLE001 - an older timm without ImageNetInfo: indices
         pass
     return None
-
-
-def spec_from_timm(model: Any, name: str) -> ViTSpec:
-    blocks = list(model.blocks)
-    embed_dim = int(model.embed_dim)
-    from .families import mlp_shape
-
-    mlp_ratio, mlp_kind = mlp_shape(blocks[0], embed_dim)  # plain fc1/fc2, or gated (SwiGLU/GLU)
-    num_heads = int(blocks[0].attn.num_heads)
-    dist = 1 if getattr(model, "dist_token", None) is not None else 0
-    regs = int(model.reg_token.shape[1]) if getattr(model, "reg_token", None) is not None else 0
-    pool = model.global_pool
-    if pool not in ("token", "avg"):
-        raise UserError(f"timm model {name!r} uses global_pool={pool!r}; vitdeploy supports 'token' and 'avg'")
-    if getattr(model, "pos_embed", None) is None:
-        raise UserError(f"timm model {name!r} has no learned absolute position table")
-    prefix_rows = 0 if model.no_embed_class else int(model.num_prefix_tokens)
-    return ViTSpec(
-        image_size=tuple(model.patch_embed.img_size),
-        patch_size=tuple(model.patch_embed.patch_size),
-        embed_dim=embed_dim,
-        depth=len(blocks),
-        num_heads=num_heads,
-        num_classes=int(model.num_classes),
-        in_chans=int(model.patch_embed.proj.in_channels),
-        mlp_ratio=mlp_ratio,
-        mlp_kind=mlp_kind,
-        class_token=model.cls_token is not None,
-        num_reg_tokens=regs,
-        num_distill_tokens=dist,
-        global_pool=pool,
-        pos_embed_prefix_rows=prefix_rows,
-        family="deit-distilled" if dist else ("vit-reg" if regs else "vit"),
-    )
-
-

@@ -17,23 +17,22 @@ The graph takes ``images`` uint8 [B, H_c, W_c, 3] (each image top-left in a fixe
   so no input can produce NaN;
 - GAP models read out by the mean over valid patch tokens only; CLS models read the CLS row.
 
-Supported: the reference ViT (builtin, ref:) and timm VisionTransformer models whose blocks take an
-``attn_mask`` (timm >= 1.0.20) with a CLS or GAP read-out. Hugging Face ViTs have no key-mask path
-through their encoder here: they get a one-line refusal.
+Supported (each family adapter's ``variable_parts``): the reference ViT (builtin, ref:) and timm
+VisionTransformer models whose blocks take an ``attn_mask`` (timm >= 1.0.20) with a CLS or GAP
+read-out. The other families (Hugging Face ViTs have no key-mask path through their encoder here)
+get a one-line refusal naming why.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 
-from vitdeploy.errors import UserError
 from vitdeploy.posembed import PosEmbedInterpolation, resample_pos_grid_per_sample
 
 from .graph import DeployGraph
-from .sources import LoadedModel
+from .loaded import LoadedModel
 
 VALID_INPUT = "valid_hw"
 # Additive key bias for padded positions: exp(-30000 + s) is exactly 0 in fp32 for any realistic
@@ -46,85 +45,10 @@ RULE = (
 )
 
 
-class _ReferenceParts:
-    """The reference ViT (vitdeploy.model) split into the steps the masked forward needs."""
-
-    def __init__(self, model: Any):
-        self.model = model
-        self.table = model.pos_embed
-        self.prefix_rows = model.spec.pos_embed_prefix_rows
-
-    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.patch_embed(x)[0]
-
-    def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
-        return self.model._prefix_tokens(batch)
-
-    def encode(self, z: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
-        for block in self.model.blocks:
-            z = block(z, key_bias)
-        return self.model.norm(z)
-
-    def head(self, features: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        return self.model.forward_head(features, valid)  # masked mean for GAP; CLS row otherwise
-
-
-class _TimmParts:
-    """A timm VisionTransformer (incl. DeiT-distilled, registers, GAP) split into the same steps."""
-
-    def __init__(self, model: Any):
-        if getattr(model, "attn_pool", None) is not None:
-            raise UserError("--variable-size supports CLS and GAP read-outs; this timm model pools by attention (global_pool='map')")
-        if model.global_pool not in ("token", "avg"):
-            raise UserError(f"--variable-size supports global_pool 'token' or 'avg', this model uses {model.global_pool!r}")
-        if getattr(model, "pos_embed", None) is None:
-            raise UserError("--variable-size needs a learned absolute position table; this timm model has none")
-        block_forward = inspect.signature(type(model.blocks[0]).forward).parameters
-        if "attn_mask" not in block_forward:
-            import timm
-
-            raise UserError(f"timm {timm.__version__} blocks take no attention mask; --variable-size needs timm >= 1.0.20")
-        self.model = model
-        self.table = model.pos_embed
-        self.prefix_rows = 0 if model.no_embed_class else model.num_prefix_tokens
-
-    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        pe = self.model.patch_embed
-        tokens = pe.proj(x).flatten(2).transpose(1, 2)  # [B, N, d], n = r*G_w + s (timm's NLC order)
-        return pe.norm(tokens)
-
-    def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
-        m = self.model
-        tokens = [t for t in (m.cls_token, getattr(m, "dist_token", None), m.reg_token) if t is not None]
-        return [t.expand(batch, -1, -1) for t in tokens]
-
-    def encode(self, z: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        z = m.norm_pre(m.patch_drop(m.pos_drop(z)))
-        bias = key_bias[:, None, None, :]  # [B, 1, 1, L], broadcast over heads and queries
-        for block in m.blocks:
-            z = block(z, attn_mask=bias)
-        return m.norm(z)
-
-    def head(self, features: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        if m.global_pool == "token":
-            return m.forward_head(features)  # reads the prefix rows only (DeiT-distilled averages its two)
-        patches = features[:, m.num_prefix_tokens:]
-        weights = valid.to(patches.dtype).unsqueeze(-1)
-        pooled = (patches * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-        return m.head(m.head_drop(m.fc_norm(pooled)))
-
-
 def model_parts(loaded: LoadedModel) -> Any:
-    if loaded.family == "reference":
-        return _ReferenceParts(loaded.model)
-    if loaded.family == "timm":
-        return _TimmParts(loaded.model)
-    raise UserError(
-        f"--variable-size supports the reference ViT and timm ViTs; {loaded.family} models: export per size "
-        "(--resolution) or with --dynamic-resolution"
-    )
+    """The masked forward's steps of this model (patch tokens, prefix tokens, masked encoder, head), from
+    its family adapter (exporters/adapters/); one line why not where the family has no such path."""
+    return loaded.adapter.variable_parts(loaded)
 
 
 class VariableSizeGraph(torch.nn.Module):

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         num_classes=len(digits.LABELS),
         in_chans=3,
         mlp_ratio=args.mlp_ratio,
-        family="vit",
+        architecture="vit",
     )
     x_train, y_train = to_unit_nchw(train_u8), torch.from_numpy(train_y)
     model, schedule = train_model(spec, x_train, y_train, normalize, args, generator, start)

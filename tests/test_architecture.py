@@ -293,3 +293,105 @@ def test_package_docstrings_list_every_module() -> None:
                 if not re.search(rf"(?<![\w.])\.?{stem}\b", doc):
                     missing.append(f"{package}: {stem}")
     assert missing == [], "modules the package docstring does not list:\n" + "\n".join(missing)
+
+
+# -- one home per family decision (issue 37, item 2) ------------------------------------------------
+# What a model family does is answered by its adapter (exporters/adapters/). Outside that package no
+# code tests which family a model is: no comparison (==, !=, in, startswith/endswith) on a ``family``,
+# ``model_type`` or ``architecture`` value, none against a family adapter's name or a transformers
+# model type, and no isinstance against a timm or transformers model class.
+ADAPTERS = REPO / "exporters" / "adapters"
+FAMILY_FIELDS = {"family", "model_type", "architecture"}
+
+
+def family_names() -> set[str]:
+    """The adapters' registry names and transformers model types, read from the adapter classes' bodies."""
+    names: set[str] = set()
+    for path in sorted(ADAPTERS.glob("*.py")):
+        bodies = [cls.body for cls in ast.walk(ast.parse(path.read_text())) if isinstance(cls, ast.ClassDef)]
+        for node in (statement for body in bodies for statement in body):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("name", "model_types") for t in node.targets):
+                names.update(c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str))
+    names.discard("")
+    return names
+
+
+def _names_a_family_field(expr: ast.AST) -> bool:
+    """``x.family``, ``family``, ``config.model_type``, ``source.get("model_type")``, ``d["architecture"]`` ..."""
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Attribute) and node.attr in FAMILY_FIELDS:
+            return True
+        if isinstance(node, ast.Name) and node.id in FAMILY_FIELDS:
+            return True
+        if isinstance(node, ast.Constant) and node.value in FAMILY_FIELDS:  # a key: .get("model_type"), ["family"]
+            return True
+    return False
+
+
+def _library_classes(tree: ast.AST) -> set[str]:
+    """Names a module imports from timm.models or transformers (its model classes)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("timm", "transformers") \
+                and (node.module or "").startswith(("timm.models", "transformers")):
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def family_tests(source: str, known: set[str]) -> list[tuple[int, str]]:
+    """(line, text) of every test of a model's family in ``source`` (see the block comment above)."""
+    tree = ast.parse(source)
+    classes = _library_classes(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_names_a_family_field(o) for o in operands) or any(
+                    isinstance(c, ast.Constant) and c.value in known for o in operands for c in ast.walk(o)):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("startswith", "endswith") \
+                and _names_a_family_field(node.func.value):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2:
+            kinds = node.args[1]
+            named = {n.id for n in ast.walk(kinds) if isinstance(n, ast.Name)}
+            dotted = ast.unparse(kinds)
+            if named & classes or dotted.startswith(("timm.", "transformers.")):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_family_test_outside_the_adapters() -> None:
+    known = family_names()
+    assert {"timm-vit", "hf-dinov2", "dinov2", "reference-vit"} <= known, f"the adapters' names were not found: {sorted(known)}"
+    offending = []
+    for module, path in MODULES.items():
+        if ADAPTERS in path.parents:
+            continue
+        offending += [f"{path.relative_to(REPO)}:{line}: {text}" for line, text in family_tests(path.read_text(), known)]
+    assert offending == [], ("family decisions outside exporters/adapters/ (ask loaded.adapter, or add the answer to "
+                             "the family's adapter):\n" + "\n".join(offending))
+
+
+def test_the_family_rule_sees_each_kind_of_test() -> None:
+    """The checker itself: each way of testing a family is found; a source-kind test and a plain use are not."""
+    planted = '''
+from timm.models.beit import Beit
+if loaded.family == "timm":
+    pass
+if config.model_type != "x":
+    pass
+if source.get("model_type") in ("a", "b"):
+    pass
+if loaded.family.startswith("timm"):
+    pass
+if isinstance(model, Beit):
+    pass
+if name == "hf-dinov2":
+    pass
+if kind == "timm":
+    pass
+label = spec.architecture
+'''
+    lines = [line for line, _ in family_tests(planted, {"hf-dinov2"})]
+    assert sorted(lines) == [3, 5, 7, 9, 11, 13]

@@ -81,3 +81,24 @@ def test_costs_cli_json_and_table():
     assert [r["seq_len"] for r in rows] == [65, 145]  # digits: patch 4, one CLS token
     table = CliRunner().invoke(main, ["costs", "--resolutions", "33"])
     assert table.exit_code == 1 and "not a multiple of the patch size 4" in table.output
+
+
+def test_family_terms_reach_the_cost_model_as_spec_data():
+    """A family's extra cost terms (its adapter fills spec.extra_terms) are in the MACs and the parameters, travel
+    through the manifest's spec, and a spec without any is written exactly as before (no new key)."""
+    import dataclasses
+
+    plain = base(16)
+    assert "extra_terms" not in plain.to_dict() and plain.to_dict()["family"] == plain.architecture == "vit"
+    d, rho = plain.embed_dim, plain.mlp_ratio
+    head = {"name": "map-head", "macs": [(2 + 2 * rho) * d * d, 2 * d * d + 2 * d], "params": 1234}
+    pooled = dataclasses.replace(plain, global_pool="map", class_token=False, pos_embed_prefix_rows=0, extra_terms=(head,))
+    again = ViTSpec.from_dict(json.loads(json.dumps(pooled.to_dict())))
+    assert again.extra_terms == (head,) and again.global_pool == "map"
+    without = dataclasses.replace(pooled, extra_terms=())
+    length = 196  # no prefix tokens
+    for batch in (1, 3):
+        c, c0 = vit_costs(again, batch=batch), vit_costs(without, batch=batch)
+        want = batch * int((2 + 2 * rho) * d * d + (2 * d * d + 2 * d) * length)
+        assert c.macs_extra == want and c.macs_total - c0.macs_total == want and c0.macs_extra == 0
+    assert param_count(again) - param_count(without) == 1234

@@ -222,7 +222,8 @@ def test_dynamic_beit_declares_and_enforces_its_largest_grid(family_checkpoints,
 
 def test_costs_account_for_position_terms(family_checkpoints):
     from vitdeploy.costs import vit_costs
-    from vitdeploy.exporters.families import spec_from_beit, spec_from_eva
+    from vitdeploy.exporters.adapters.timm_beit import spec_from_beit
+    from vitdeploy.exporters.adapters.timm_eva import spec_from_eva
 
     beit = spec_from_beit(family_checkpoints["beit"]["model"], "beit_base_patch16_224")
     report = vit_costs(beit, 224, 224)

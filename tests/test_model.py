@@ -192,7 +192,7 @@ def test_patch_size_change_is_a_config_error_when_loading_weights():
 
 
 def test_prefix_tokens_distillation_and_registers():
-    spec = small_spec(num_distill_tokens=1, num_reg_tokens=2, pos_embed_prefix_rows=0, family="deit-distilled")
+    spec = small_spec(num_distill_tokens=1, num_reg_tokens=2, pos_embed_prefix_rows=0, architecture="deit-distilled")
     model = trained_like(spec)
     names = set(model.state_dict())
     assert {"cls_token", "dist_token", "reg_token", "head_dist.weight", "pos_embed"} <= names

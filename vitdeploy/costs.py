@@ -15,6 +15,10 @@ Position terms are element-wise, so they stay out of the MACs and are reported b
 layer: a relative-position bias (BEiT) adds one value to every attention score, B a L^2 adds;
 rotary positions (EVA-02, RoPE ViTs) rotate q and k of the N patch tokens, x cos + rot(x) sin:
 4 B N d multiplies and 2 B N d adds. The absolute table is one add per token per model (B L d).
+
+Terms a family adds beyond these (an attention-pool head, a projection) come as data in the spec's
+``extra_terms``, filled by the family's adapter: MACs per image as c0 + c1 L + c2 L^2, and parameters.
+They are in the totals and, summed, in ``macs_extra``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class CostReport:
     params: int
     position_mults_per_layer: int = 0  # rotary: 4 B N d (not in the MACs: element-wise)
     position_adds_per_layer: int = 0  # relative bias: B a L^2; rotary: 2 B N d
+    macs_extra: int = 0  # the spec's extra_terms (family-specific heads), in macs_total
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -75,7 +80,7 @@ def param_count(spec: ViTSpec) -> int:
     block = attn + mlp + norms
     head_in = d * (2 if spec.num_distill_tokens else 1)  # DeiT-distilled has a second (dist) head
     head = head_in * k + k * (2 if spec.num_distill_tokens else 1)
-    return patch + tokens + pos + spec.depth * block + 2 * d + head
+    return patch + tokens + pos + spec.depth * block + 2 * d + head + sum(int(t.get("params", 0)) for t in spec.extra_terms)
 
 
 def crossover_seq_len(spec: ViTSpec) -> float:
@@ -99,7 +104,8 @@ def vit_costs(spec: ViTSpec, height: int | None = None, width: int | None = None
     per_layer = linear + attention
     patch = b * n * spec.patch_features * d
     head = b * d * spec.num_classes
-    total = patch + spec.depth * per_layer + head
+    extra = b * sum(_term_macs(t, length) for t in spec.extra_terms)
+    total = patch + spec.depth * per_layer + head + extra
     scores = b * spec.num_heads * length * length
     return CostReport(
         height=height,
@@ -124,7 +130,13 @@ def vit_costs(spec: ViTSpec, height: int | None = None, width: int | None = None
         params=param_count(spec),
         position_mults_per_layer=4 * b * n * d if spec.rotary else 0,
         position_adds_per_layer=(scores if spec.rel_pos_bias else 0) + (2 * b * n * d if spec.rotary else 0),
+        macs_extra=extra,
     )
+
+
+def _term_macs(term: dict, length: int) -> int:
+    """One image's MACs of an extra term: c0 + c1 L + c2 L^2."""
+    return int(round(sum(float(c) * length ** power for power, c in enumerate(term.get("macs") or ()))))
 
 
 def costs_table(spec: ViTSpec, resolutions: list[tuple[int, int]], batch: int = 1) -> list[CostReport]:

@@ -40,6 +40,10 @@ def print_costs(spec: ViTSpec, resolutions: list[tuple[int, int]], batch: int, t
                       f"{r.position_adds_per_layer / 1e6:.3f}M adds per layer"
                       + (" (relative bias: one add per attention score)" if spec.rel_pos_bias else "")
                       + (" (rotary: q and k of every patch token, x cos + rot(x) sin)" if spec.rotary else ""))
+    if spec.extra_terms:  # what the family adds beyond the standard ViT (its adapter's spec.extra_terms)
+        r = reports[-1]
+        console.print(f"family terms in the MACs ({', '.join(str(t.get('name')) for t in spec.extra_terms)}): "
+                      f"{r.macs_extra / 1e9:.3f} GMACs at {r.height}x{r.width}")
 
 
 def _bytes(n: int) -> str:
@@ -102,7 +106,7 @@ def print_inspect(report: dict[str, Any]) -> None:
     table.add_row("weights", ("[bold red]" + escape(weights["notice"]) + "[/]") if weights.get("notice")
                   else escape(describe_weights(src, with_sha256=False)))
     table.add_row("weights sha256", str(src.get("weights_sha256")))
-    table.add_row("architecture", f"{spec.get('family')}: patch {spec['patch_size'][0]}x{spec['patch_size'][1]}, d={spec['embed_dim']}, "
+    table.add_row("architecture", f"{ViTSpec.from_dict(spec).architecture}: patch {spec['patch_size'][0]}x{spec['patch_size'][1]}, d={spec['embed_dim']}, "
                   f"depth {spec['depth']}, heads {spec['num_heads']}, mlp ratio {spec['mlp_ratio']:g}, "
                   f"prefix tokens {spec.get('num_prefix_tokens')}, readout {spec['global_pool']}")
     table.add_row("resolution", f"{res['mode']} {res['height']}x{res['width']} (native {res['native'][0]}x{res['native'][1]})")

@@ -13,6 +13,14 @@ from typing import Any
 from .errors import ConfigError, UserError
 
 
+# The read-outs a spec can declare. Which of them a model family implements is its adapter's answer
+# (exporters/adapters/): an attention-pool head ("map", SigLIP) brings its cost in ``extra_terms``.
+READOUTS = ("token", "avg", "map")
+# field -> manifest key where they differ (the manifest keeps the names bundles were written with)
+MANIFEST_KEYS = {"architecture": "family"}
+FIELD_OF_KEY = {key: name for name, key in MANIFEST_KEYS.items()}
+
+
 @dataclass(frozen=True)
 class ViTSpec:
     image_size: tuple[int, int]  # native (H, W): the grid the position table was trained for
@@ -26,9 +34,11 @@ class ViTSpec:
     class_token: bool = True
     num_reg_tokens: int = 0  # register tokens (timm `reg_tokens`)
     num_distill_tokens: int = 0  # DeiT distillation token
-    global_pool: str = "token"  # "token" (CLS readout) or "avg" (mean over patch tokens, GAP)
+    global_pool: str = "token"  # one of READOUTS: "token" (CLS), "avg" (mean over patch tokens, GAP), "map" (attention pool)
     pos_embed_prefix_rows: int = 1  # rows of the position table that belong to prefix tokens
-    family: str = "vit"  # free-form: vit, deit, deit-distilled, vit-reg, beit, eva02, vit-rope, ...
+    # the architecture's label, free-form: vit, deit-distilled, vit-reg, beit, eva02, vit-rope, hf-dinov2, ...
+    # (the manifest's key for it is "family", as every bundle since format 1 has it: MANIFEST_KEYS)
+    architecture: str = "vit"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     # How position enters (issue 17). Any combination: an absolute table added to the tokens (ViT,
     # DeiT, EVA-02), a relative-position bias table added to the attention logits (BEiT), rotary
@@ -39,6 +49,11 @@ class ViTSpec:
     rotary: dict[str, Any] | None = field(default=None, compare=False)  # {"type", "grid_indexing", "ref_feat_shape", ...}
     mlp_kind: str = "mlp"  # "mlp" (fc1, activation, fc2) or "gated" (SwiGLU/GLU: two input projections)
     max_grid: tuple[int, int] | None = None  # largest (G_h, G_w) a dynamic graph was built for; None: any
+    # Cost-model terms a family adds beyond the standard ViT (its adapter fills them; costs.py reads
+    # them without knowing the family), e.g. an attention-pool head: each
+    # {"name": str, "macs": [c0, c1, c2] (per image: c0 + c1 L + c2 L^2), "params": int}.
+    # Written to the manifest only when there are some.
+    extra_terms: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", tuple(int(v) for v in self.image_size))
@@ -49,8 +64,8 @@ class ViTSpec:
             raise ConfigError(f"mlp_kind must be 'mlp' or 'gated', got {self.mlp_kind!r}")
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.global_pool not in ("token", "avg"):
-            raise ConfigError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+        if self.global_pool not in READOUTS:
+            raise ConfigError(f"global_pool must be one of {', '.join(repr(r) for r in READOUTS)}, got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise ConfigError("global_pool='token' needs a class token")
         self.grid(*self.image_size)  # the native size must itself be valid
@@ -96,7 +111,11 @@ class ViTSpec:
 
     # -- (de)serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {MANIFEST_KEYS.get(k, k): v for k, v in asdict(self).items()}
+        if not self.extra_terms:
+            del data["extra_terms"]
+        else:
+            data["extra_terms"] = [dict(t) for t in self.extra_terms]
         data["image_size"] = list(self.image_size)
         data["patch_size"] = list(self.patch_size)
         data["num_prefix_tokens"] = self.num_prefix_tokens
@@ -135,7 +154,10 @@ class ViTSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ViTSpec":
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {FIELD_OF_KEY.get(k, k): v for k, v in data.items()}
+        if "extra_terms" in fields:
+            fields["extra_terms"] = tuple(dict(t) for t in fields["extra_terms"] or ())
+        return cls(**{k: v for k, v in fields.items() if k in known})
 
     def with_image_size(self, height: int, width: int) -> "ViTSpec":
         data = self.to_dict()

@@ -70,7 +70,7 @@ class _Condition:
 
     def record(self) -> dict[str, Any]:
         out = {"id": self.id, "transform": self.transform.name if self.transform else CLEAN,
-               "family": self.transform.family if self.transform else CLEAN, "severity": self.severity,
+               "family": self.transform.group if self.transform else CLEAN, "severity": self.severity,
                "unit": self.transform.unit if self.transform else None, "applied_to": self.applied_to, "seed": self.seed}
         if self.note:
             out["note"] = self.note
@@ -202,7 +202,7 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
         "engines": {"scored": [s.id for s in engines], "skipped": len(engines_skipped),
                     "note": None if (engines or engines_skipped) else "the bundle has no TensorRT engine (vitdeploy build-engine)"},
         "transforms": [{**t.describe(), "severities": list(levels),
-                        **({"fill": opts.occlusion_fill, "fill_rgb": list(fill_rgb(opts.occlusion_fill, ctx))} if t.family == "occlusion" else {})}
+                        **({"fill": opts.occlusion_fill, "fill_rgb": list(fill_rgb(opts.occlusion_fill, ctx))} if t.group == "occlusion" else {})}
                        for t, levels in suite],
         "strata": {"size": bins, "separable_background": separable, "small_stratum": 30,
                    "class_rule": "per class = images whose label is that class"},

@@ -45,7 +45,7 @@ class Context:
 @dataclass(frozen=True)
 class Transform:
     name: str
-    family: str  # what the plot groups by: crop, scale, jpeg, occlusion, background, photometric
+    group: str  # what the plot groups by: crop, scale, jpeg, occlusion, background, photometric
     unit: str  # what a severity number means
     rule: str
     defaults: tuple[float, ...]  # the default ladder: mild to severe, 2-4 steps (LADDERS)
@@ -79,7 +79,8 @@ class Transform:
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "family": self.family, "unit": self.unit, "rule": self.rule,
+        # the report keeps the key "family" (reports written so far read it)
+        return {"name": self.name, "family": self.group, "unit": self.unit, "rule": self.rule,
                 "valid": f"{'[' if self.low_inclusive else '('}{self.low:g}, {self.high:g}]"}
 
 
