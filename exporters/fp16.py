@@ -102,7 +102,8 @@ def convert_to_fp16(
     model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest, extra_nodes=tuple(keep_nodes), range_feeds=range_feeds,
                              data_max=data_max)
     if record.get("range_pass"):
-        record["range_pass"].pop("_absmax", None)  # every tensor's max |x|: for the gate, not the record
+        record["range_pass"].pop("_absmax", None)  # every tensor's max |x| and the outputs: for the gate, not the record
+        record["range_pass"].pop("_outputs", None)
     record.update(onnx_io.save(model, dst, manifest=manifest))  # external data past the threshold
     return record
 
@@ -135,8 +136,8 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
     measured = None
     if record.get("range_pass") is not None:
         record["range_pass"]["images"] = images
-        # max |x| of every fp32 tensor on the range images: the gate's overflow look-up reuses it
-        measured = {"absmax": record["range_pass"].pop("_absmax"), "images": images}
+        # max |x| of every fp32 tensor and the fp32 outputs on the range images: the gate reuses both
+        measured = {"absmax": record["range_pass"].pop("_absmax"), "outputs": record["range_pass"].pop("_outputs"), "images": images}
         if log is not None:
             log(describe(record["range_pass"]))
     # graph, data file and the manifest's record land together, after the gates below

@@ -86,28 +86,31 @@ def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tup
             images = random_images(plan.images, *input_size(bundle), seed=NOISE_SEED)
         record = {"source": "seeded uint8 noise" + (" (no range data given: pass --data for real images)" if spec != "__noise__" else ""),
                   "count": int(len(images)), "seed": NOISE_SEED}
+    batch = plan.batch  # the budget's: one forward pass's working set (the run frees each tensor once reduced)
     record["budget"] = budget_record(plan, count)
     feeds = []
-    for start in range(0, len(images), plan.batch):
-        feed = {"images": images[start : start + plan.batch]}
+    for start in range(0, len(images), batch):
+        feed = {"images": images[start : start + batch]}
         if valid is not None:
             from vitdeploy.variable import VALID_INPUT
 
-            feed[VALID_INPUT] = valid[start : start + plan.batch]
+            feed[VALID_INPUT] = valid[start : start + batch]
         feeds.append(feed)
     return feeds, record
 
 
 def tensor_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], float_tensors: Sequence[str], threads: int | None = None,
-                  steps: list[float] | None = None) -> dict[str, float]:
-    """max |x| of each named float tensor over every feed; inf where a value is inf or NaN.
+                  steps: list[float] | None = None, outputs: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+    """max |x| of each named float tensor over every feed; inf where the max or min is inf or NaN.
 
-    The reductions run inside the graph: a copy of it gains, per tensor, ReduceMax(Abs(x)) and
-    ReduceSum(x - x) (NaN exactly when some value is not finite) as scalar outputs. ONNX Runtime
-    then frees each tensor after its last reader as in a plain run; returning the tensors themselves
-    held every one of a batch at once (about 10 GB for a ViT-S/14 at 518x518, batch 4: issue 36).
-    ``steps`` receives the seconds of each feed's run. A signal stops a run within a second
-    (:mod:`.ort_interrupt`)."""
+    The reductions run inside the graph: a copy of it gains, right after each tensor's producer,
+    ReduceMax(x) and ReduceMin(x) as scalar outputs (max |x| = max(|max|, |min|)). Fetching the
+    tensors themselves copied every one of a batch out at once and took as long again in numpy (a
+    ViT-S/14 at 518x518, batch 4: 10 GB, 30 s per batch in ONNX Runtime plus 27 s in numpy; issue 36).
+    A NaN that no reduction shows is caught by the gate, whose outputs must be finite.
+    ``steps`` receives the seconds of each feed's run; ``outputs``, when given, receives the graph's
+    own outputs on the feeds (the gate's fp32 reference on the same images). A signal stops a run
+    within a second (:mod:`.ort_interrupt`)."""
     import time
 
     onnx = require("onnx", "the fp16 range pass")
@@ -121,23 +124,35 @@ def tensor_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], float_tens
     probe.CopyFrom(model)
     del probe.graph.output[:]
     names = list(dict.fromkeys(float_tensors))
-    peaks, finite = [], []
+    index = {name: i for i, name in enumerate(names)}
+    peaks = [f"__absmax_max_{i}" for i in range(len(names))]
+    lows = [f"__absmax_min_{i}" for i in range(len(names))]
+    kept_outputs = [o.name for o in model.graph.output] if outputs is not None else []
+
+    def reductions(name: str) -> list[Any]:
+        i = index[name]
+        return [helper.make_node("ReduceMax", [name], [peaks[i]], name=f"__absmax_max_node_{i}", keepdims=0),
+                helper.make_node("ReduceMin", [name], [lows[i]], name=f"__absmax_min_node_{i}", keepdims=0)]
+
+    # each tensor's reductions right after the node that makes it, so it is read and freed while the
+    # run goes on (at the end of the graph they would keep every tensor alive to the last node)
+    nodes = [r for i in probe.graph.input if i.name in index for r in reductions(i.name)]
+    for node in probe.graph.node:
+        nodes.append(node)
+        nodes.extend(r for out in node.output if out in index for r in reductions(out))
+    del probe.graph.node[:]
+    probe.graph.node.extend(nodes)
     for i, name in enumerate(names):
         kind = types.get(name, onnx.TensorProto.FLOAT)
-        peak, diff, total = f"__absmax_{i}", f"__absmax_diff_{i}", f"__absmax_finite_{i}"
-        probe.graph.node.extend([
-            helper.make_node("Abs", [name], [f"__absmax_abs_{i}"], name=f"__absmax_abs_node_{i}"),
-            helper.make_node("ReduceMax", [f"__absmax_abs_{i}"], [peak], name=f"__absmax_node_{i}", keepdims=0),
-            helper.make_node("Sub", [name, name], [diff], name=f"__absmax_diff_node_{i}"),
-            helper.make_node("ReduceSum", [diff], [total], name=f"__absmax_finite_node_{i}", keepdims=0),
-        ])
-        probe.graph.output.extend([helper.make_tensor_value_info(peak, kind, []), helper.make_tensor_value_info(total, kind, [])])
-        peaks.append(peak)
-        finite.append(total)
+        probe.graph.output.extend([helper.make_tensor_value_info(peaks[i], kind, []), helper.make_tensor_value_info(lows[i], kind, [])])
+    probe.graph.output.extend(o for o in model.graph.output if o.name in kept_outputs)
     options = ort.SessionOptions()
     # no fusion: every tensor the fp16 converter sees must exist in the session as it is in the graph
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
+    # run the nodes in the order given (a node's reductions right after it), so each tensor is freed
+    # as soon as it is reduced; the default order ran them after the whole graph (all held at once)
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if threads:
         options.intra_op_num_threads = threads
     serialized = probe.SerializeToString()
@@ -146,17 +161,23 @@ def tensor_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], float_tens
     del serialized
     input_names = {i.name for i in session.get_inputs()}
     result = {name: 0.0 for name in names}
-    if not names:
+    if not names and not kept_outputs:
         return result
     for feed in feeds:
         feed = {k if k in input_names else session.get_inputs()[0].name: v for k, v in feed.items()}
         started = time.perf_counter()
-        values = ort_interrupt.run(session, peaks + finite, feed)
+        values = ort_interrupt.run(session, peaks + lows + kept_outputs, feed)
         if steps is not None:
             steps.append(time.perf_counter() - started)
-        for name, peak, total in zip(names, values[: len(names)], values[len(names):]):
-            value = float(peak) if np.isfinite(float(total)) else float("inf")
-            result[name] = max(result[name], value)
+        count = len(names)
+        for name, high, low in zip(names, values[:count], values[count : 2 * count]):
+            value = max(abs(float(high)), abs(float(low)))
+            result[name] = max(result[name], value if np.isfinite(value) else float("inf"))
+        for name, value in zip(kept_outputs, values[2 * count :]):
+            outputs.setdefault(name, []).append(np.asarray(value))  # type: ignore[union-attr, arg-type]
+    if outputs is not None:
+        for name in kept_outputs:
+            outputs[name] = np.concatenate(outputs[name])  # type: ignore[arg-type]
     return result
 
 
@@ -175,7 +196,8 @@ def overflow_nodes(model: Any, feeds: list[dict[str, np.ndarray]], data_max: flo
     produced = [o for n in model.graph.node for o in n.output if o and types.get(o) == fp32]
     graph_inputs = [i.name for i in model.graph.input if types.get(i.name) == fp32]
     steps: list[float] = []
-    absmax = tensor_absmax(model, feeds, produced + graph_inputs, threads, steps) if produced else {}
+    outputs: dict[str, Any] = {}
+    absmax = tensor_absmax(model, feeds, produced + graph_inputs, threads, steps, outputs) if produced else {}
     kept: list[dict[str, Any]] = []
     init_peak: dict[str, float] = {}
     for node in model.graph.node:
@@ -206,7 +228,7 @@ def overflow_nodes(model: Any, feeds: list[dict[str, np.ndarray]], data_max: flo
     candidates = {o: absmax[o] for n in model.graph.node if n.name not in already_fp32 for o in n.output if o in absmax}
     peak_tensor = max(candidates, key=candidates.get) if candidates else None
     return {"nodes": [k["node"] for k in kept], "kept": kept, "data_max": data_max, "init_max": FP16_MAX,
-            "tensors_measured": len(absmax), "_absmax": absmax, "step_seconds": [round(t, 3) for t in steps], "peak": {"tensor": peak_tensor, "max_abs": candidates.get(peak_tensor, 0.0) if peak_tensor else 0.0}}
+            "tensors_measured": len(absmax), "_absmax": absmax, "_outputs": outputs, "step_seconds": [round(t, 3) for t in steps], "peak": {"tensor": peak_tensor, "max_abs": candidates.get(peak_tensor, 0.0) if peak_tensor else 0.0}}
 
 
 def describe(range_record: dict[str, Any], limit: int = 6) -> str:
