@@ -210,6 +210,10 @@ def seeded_outputs(path: Path, images: np.ndarray, batch: int, threads: int | No
             for name, value in zip(names, values):
                 parts[name].append(np.asarray(value))
         return {n: np.concatenate(v) for n, v in parts.items()}, steps
+    except KeyboardInterrupt as exc:  # free the session now (ort_interrupt.release)
+        session = None
+        runner.close()
+        raise ort_interrupt.release(exc) from None
     finally:
         runner.close()
 

@@ -58,7 +58,8 @@ def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tup
     from vitdeploy.calibration.sources import default_source, open_source
 
     name = None if spec == "__noise__" else (spec or default_source(bundle))
-    plan = image_budget(bundle, count)
+    asked = count
+    plan = image_budget(bundle, asked)
     images = valid = None
     record: dict[str, Any]
     if name is not None:
@@ -72,7 +73,8 @@ def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tup
             images, valid = source.images, source.valid_hw
             record = {"source": name, "count": len(source), "sha256": source.sha256}
     if images is None:
-        plan = image_budget(bundle, min(count, NOISE_IMAGES))
+        asked = min(count, NOISE_IMAGES)
+        plan = image_budget(bundle, asked)
         if bundle.variable_size:
             from vitdeploy.variable import mixed_sizes, padded_batch
 
@@ -87,7 +89,7 @@ def range_feeds(bundle: Any, spec: str | None, count: int = RANGE_IMAGES) -> tup
         record = {"source": "seeded uint8 noise" + (" (no range data given: pass --data for real images)" if spec != "__noise__" else ""),
                   "count": int(len(images)), "seed": NOISE_SEED}
     batch = plan.batch  # the budget's: one forward pass's working set (the run frees each tensor once reduced)
-    record["budget"] = budget_record(plan, count)
+    record["budget"] = budget_record(plan, asked)
     feeds = []
     for start in range(0, len(images), batch):
         feed = {"images": images[start : start + batch]}
@@ -111,8 +113,6 @@ def tensor_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], float_tens
     ``steps`` receives the seconds of each feed's run; ``outputs``, when given, receives the graph's
     own outputs on the feeds (the gate's fp32 reference on the same images). A signal stops a run
     within a second (:mod:`.ort_interrupt`)."""
-    import time
-
     onnx = require("onnx", "the fp16 range pass")
     ort = require("onnxruntime", "the fp16 range pass")
     from . import ort_interrupt
@@ -136,7 +136,8 @@ def tensor_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], float_tens
 
     # each tensor's reductions right after the node that makes it, so it is read and freed while the
     # run goes on (at the end of the graph they would keep every tensor alive to the last node)
-    nodes = [r for i in probe.graph.input if i.name in index for r in reductions(i.name)]
+    made = {o for node in probe.graph.node for o in node.output}
+    nodes = [r for name in names if name not in made for r in reductions(name)]  # graph inputs, initializers
     for node in probe.graph.node:
         nodes.append(node)
         nodes.extend(r for out in node.output if out in index for r in reductions(out))
@@ -157,28 +158,45 @@ def tensor_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], float_tens
         options.intra_op_num_threads = threads
     serialized = probe.SerializeToString()
     del probe
-    session = ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
-    del serialized
-    input_names = {i.name for i in session.get_inputs()}
     result = {name: 0.0 for name in names}
     if not names and not kept_outputs:
         return result
+    session = None
+    try:
+        session = ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
+        del serialized
+        _reduce_feeds(session, feeds, names, peaks + lows + kept_outputs, result, steps, outputs)
+    except KeyboardInterrupt as exc:  # SIGINT, and SIGTERM (the CLI's Terminated): free the session now
+        session = None
+        raise ort_interrupt.release(exc) from None
+    return result
+
+
+def _reduce_feeds(session: Any, feeds: Iterable[dict[str, np.ndarray]], names: list[str], fetch: list[str],
+                  result: dict[str, float], steps: list[float] | None, outputs: dict[str, Any] | None) -> None:
+    import time
+
+    from . import ort_interrupt
+
+    input_names = {i.name for i in session.get_inputs()}
+    count = len(names)
+    kept_outputs = fetch[2 * count :]
     for feed in feeds:
         feed = {k if k in input_names else session.get_inputs()[0].name: v for k, v in feed.items()}
         started = time.perf_counter()
-        values = ort_interrupt.run(session, peaks + lows + kept_outputs, feed)
+        values = ort_interrupt.run(session, fetch, feed)
         if steps is not None:
             steps.append(time.perf_counter() - started)
-        count = len(names)
         for name, high, low in zip(names, values[:count], values[count : 2 * count]):
+            if float(high) < float(low):
+                continue  # an empty tensor: max -inf, min +inf (it holds no value to overflow)
             value = max(abs(float(high)), abs(float(low)))
             result[name] = max(result[name], value if np.isfinite(value) else float("inf"))
         for name, value in zip(kept_outputs, values[2 * count :]):
-            outputs.setdefault(name, []).append(np.asarray(value))  # type: ignore[union-attr, arg-type]
+            outputs.setdefault(name, []).append(np.asarray(value))  # type: ignore[union-attr]
     if outputs is not None:
         for name in kept_outputs:
-            outputs[name] = np.concatenate(outputs[name])  # type: ignore[arg-type]
-    return result
+            outputs[name] = np.concatenate(outputs[name])
 
 
 def overflow_nodes(model: Any, feeds: list[dict[str, np.ndarray]], data_max: float = DEFAULT_DATA_MAX,

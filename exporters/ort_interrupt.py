@@ -12,6 +12,7 @@ on up: nothing the command was writing has landed yet (it writes after its gates
 
 from __future__ import annotations
 
+import signal
 import threading
 from typing import Any, Sequence
 
@@ -34,14 +35,34 @@ def run(session: Any, names: Sequence[str] | None, feeds: dict[str, Any]) -> lis
             result["error"] = exc
 
     worker = threading.Thread(target=work, name="ort-run", daemon=True)
-    worker.start()
     try:
+        # held while the thread starts: an interrupt then lands once it has (so it is joined below)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            worker.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         while worker.is_alive():
             worker.join(WAIT_SLICE_S)
     except BaseException:
         options.terminate = True  # ONNX Runtime returns at its next node
-        worker.join()
+        if worker.ident is not None:
+            worker.join()
+        result.clear()  # the run's own error ("terminate flag") and the worker's frame with it
         raise
     if "error" in result:
-        raise result["error"]
-    return result["out"]
+        raise result.pop("error")
+    return result.pop("out")
+
+
+def release(exc: BaseException) -> BaseException:
+    """``exc`` without the traceback of the interrupted run, after a collection, to be raised by the
+    caller that dropped its session. An ONNX Runtime session still alive at interpreter exit after
+    a terminated run aborts the process there ("terminate called without an active exception", exit
+    134, measured on 1.32): the frames of the run hold it, and a reference cycle the collector alone
+    frees (seen: exit 130 only after gc.collect())."""
+    import gc
+
+    exc = exc.with_traceback(None)
+    gc.collect()
+    return exc
