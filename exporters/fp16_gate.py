@@ -69,10 +69,9 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
         reused = _range_pass_outputs(measured, len(images))
         ref, ref_s = (reused, []) if reused is not None else seeded_outputs(fp32_path, images, plan.batch, threads)
         got, got_s = seeded_outputs(fp16_path, images, plan.batch, threads)
-        if log is not None:
-            cut = f" (cost-model budget: {plan.images} of {GATE_IMAGES})" if plan.images < GATE_IMAGES else ""
-            fp32 = "fp32 outputs from the range pass (the same images)" if reused is not None else f"fp32 graph {_per_step(ref_s)}"
-            log(f"fp16 gate: {plan.images} seeded images{cut} in batches of {plan.batch}: {fp32}, fp16 graph {_per_step(got_s)}")
+        cut = f" (cost-model budget: {plan.images} of {GATE_IMAGES})" if plan.images < GATE_IMAGES else ""
+        fp32 = "fp32 outputs from the range pass (the same images)" if reused is not None else f"fp32 graph {_per_step(ref_s)}"
+        progress = f"fp16 gate: {plan.images} seeded images{cut} in batches of {plan.batch}: {fp32}, fp16 graph {_per_step(got_s)}"
         record["sanity"] = numeric_sanity(ref, got, input_size(bundle))
         if "logits" not in ref:
             record["numbers"] = _numbers_any_output(ref, got, failures, gate.min_cosine)
@@ -118,6 +117,8 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
                             "kernels compute them in fp32 and hide it)")
     record["passed"] = not failures
     record["failures"] = failures
+    if not failures and log is not None and not bundle.variable_size:
+        log(progress)  # a failure is one line: the error below
     if failures:
         raise CheckFailed(f"the fp16 graph fails the gate: {'; '.join(failures)}; nothing was written - keep more in fp32 "
                           "(--keep-fp32 OPS/MODULES, a lower --data-max) or find what must stay fp32 with "
@@ -231,7 +232,10 @@ def _range_pass_outputs(measured: dict[str, Any] | None, count: int) -> dict[str
 
 
 def _per_step(steps: list[float]) -> str:
-    return f"{sum(steps) / len(steps):.1f} s per batch" if steps else "no batch"
+    if not steps:
+        return "no batch"
+    mean = sum(steps) / len(steps)
+    return f"{mean:.1f} s per batch" if mean >= 1 else f"{mean:.2f} s per batch"
 
 
 def _has_logits(path: Path) -> bool:
