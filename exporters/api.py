@@ -18,13 +18,14 @@ from vitdeploy import onnx_io, precisions
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions, write_labels)
 from vitdeploy.errors import CheckFailed, UsageError, UserError
 from vitdeploy.fileio import atomic_write_json, library_temp
+from vitdeploy.manifest import is_embedding_model, model_kind
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
 
 from .export_memory import check_export_fits, log_peak, release, release_torch_model
 from .export_steps import (loaded_for_bundle, log_weights, manifest_head, open_export, preprocessing_contract,  # noqa: F401
                            staged_bundle, torch_module_names, write_graph)
-from .features import describe_outputs, output_doc, resolve_outputs
+from .features import describe_outputs, embedding_dim, output_doc, resolve_outputs
 from .graph import INPUT_FORMATS, DeployGraph
 from .loaded import RANDOM_INIT_SEED  # noqa: F401 - --random-init weights are seeded so `check` can rebuild them
 from .onnx_export import (OPSET, export_graph, module_output_map, ort_difference, patch_embed_tensors, run_onnxslim,
@@ -102,10 +103,13 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
                  else "the source preprocessing's size (the position table is resampled to it)"
                  if [resolution["height"], resolution["width"]] != resolution["native"] else "the model's native size")
     log_weights(loaded, log)  # after the checks above: a refusal stays one line
-    head = f"{loaded.spec.num_classes} classes" if loaded.spec.num_classes else "no classification head (a backbone)"
+    # the manifest's outputs decide classifier vs embedding model (vitdeploy.manifest.is_embedding_model)
+    head = model_kind(outputs, embedding_dim(loaded) if "embedding" in outputs else None, loaded.spec.num_classes)
+    if is_embedding_model(outputs) and loaded.extra.get("projection_head"):
+        head += ": the head is a CLIP-style projection"
     log(f"source {loaded.source['kind']}:{loaded.source['name']} - {loaded.spec.depth} blocks, d={loaded.spec.embed_dim}, "
         f"patch {loaded.spec.patch_size[0]}x{loaded.spec.patch_size[1]}, {head}")
-    if opts.outputs is None and not loaded.spec.num_classes:
+    if opts.outputs is None and is_embedding_model(outputs):
         log("the model has no classification head: exporting outputs embedding,patch_grid (the pooled feature and the patch grid)")
     else:
         log(f"outputs: {','.join(outputs)}")

@@ -104,6 +104,9 @@ def convert_to_fp16(
     """
     model, record = _convert(Path(src), tuple(keep_fp32_ops), manifest, extra_nodes=tuple(keep_nodes), range_feeds=range_feeds,
                              data_max=data_max)
+    if record.get("range_pass"):
+        record["range_pass"].pop("_absmax", None)  # every tensor's max |x| and the outputs: for the gate, not the record
+        record["range_pass"].pop("_outputs", None)
     record.update(onnx_io.save(model, dst, manifest=manifest))  # external data past the threshold
     return record
 
@@ -121,7 +124,7 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
     anything: a graph that fails, NaN included, never lands in the bundle (CheckFailed). ``gate``: a
     vitdeploy.gate.Gate (default: `check`'s).
     """
-    from .fp16_gate import gate_fp16, numeric_sanity
+    from .fp16_gate import gate_fp16
     from .fp16_range import DEFAULT_DATA_MAX, describe, range_feeds
 
     log = log or logger.info
@@ -137,8 +140,11 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
     if limit != float("inf"):
         feeds, images = range_feeds(bundle, data)
     model, record = _convert(src, tuple(keep_fp32_ops), bundle.manifest, range_feeds=feeds, data_max=limit, threads=threads)
+    measured = None
     if record.get("range_pass") is not None:
         record["range_pass"]["images"] = images
+        # max |x| of every fp32 tensor and the fp32 outputs on the range images: the gate reuses both
+        measured = {"absmax": record["range_pass"].pop("_absmax"), "outputs": record["range_pass"].pop("_outputs"), "images": images}
         log(describe(record["range_pass"]))
     # graph, data file and the manifest's record land together, after the gates below
     with onnx_io.staged(dst, then=lambda: bundle.add_artifact("fp16", dst, record)) as tmp:
@@ -149,12 +155,11 @@ def add_fp16_to_bundle(bundle: Bundle, keep_fp32_ops: Iterable[str] = (), data: 
 
             record["sanity"] = variable_sanity(src, tmp, bundle)
             gate_sanity(record["sanity"], "fp16", gate)
-        else:
-            record["sanity"] = numeric_sanity(src, tmp, bundle)
-
         # labelled range data gates accuracy too; the digits training split is gated on its test split
         labelled = eval_data or ("digits:test" if data == "digits:train" else data if data is not None and _labelled(data) else None)
-        record["gate"] = gate_fp16(src, tmp, bundle, labelled, threads, gate)
+        record["gate"] = gate_fp16(src, tmp, bundle, labelled, threads, gate, measured=measured, log=log)
+        if not bundle.variable_size:
+            record["sanity"] = record["gate"].pop("sanity")  # from the gate's own seeded runs
     return dst
 
 

@@ -140,10 +140,27 @@ def test_cli_without_tensorrt_is_one_clear_line(bundle):
     res = CliRunner().invoke(main, ["build-engine", str(bundle.root)])
     assert res.exit_code == 1
     assert res.output.count("\n") == 1 and "engines are built on the target device" in res.output
-    res = CliRunner().invoke(main, ["build-engine", str(bundle.root), "--dry-run"])
-    assert res.exit_code == 1 and "--trt-version" in res.output
     res = CliRunner().invoke(main, ["build-engine", str(bundle.root), "--legacy-precision", "--dry-run", "--trt-version", "11.4"])
     assert res.exit_code == 1 and "needs TensorRT < 11" in res.output
+
+
+@pytest.mark.skipif(available("tensorrt"), reason="TensorRT is installed here")
+def test_dry_run_without_tensorrt_plans_for_the_newest_known_release(bundle):
+    """README: a dry run needs no TensorRT. With none installed or named it plans for the newest
+    release vitdeploy knows, says so, and records it in the plan report."""
+    from vitdeploy.engine.service import PLAN_DEFAULT_TRT
+
+    version = versions.TrtVersion.parse(PLAN_DEFAULT_TRT)
+    report_path = bundle.root / "reports" / f"engine-plan-trt{version}-fp32.json"
+    report_path.unlink(missing_ok=True)  # the module's bundle: another test may have planned this one
+    res = CliRunner().invoke(main, ["build-engine", str(bundle.root), "--dry-run", "--print-trtexec", "--precision", "fp32"])
+    assert res.exit_code == 0, res.output
+    assert f"planned for TensorRT {PLAN_DEFAULT_TRT}, the newest release vitdeploy knows" in res.output
+    assert f"# trtexec equivalent for TensorRT {version}:" in res.output and f"plan report: {report_path}" in res.output
+    report = json.loads(report_path.read_text())
+    assert report["capabilities"]["version"] == str(version)
+    assert any("newest release vitdeploy knows" in n for n in report["plan"]["notes"])
+    assert not (bundle.root / "engines").exists()  # a dry run builds nothing
 
 
 _DIGITS_WEIGHTS = Path(__file__).resolve().parent.parent / "vitdeploy" / "builtin" / "digits.json"

@@ -24,7 +24,7 @@ from typing import Any
 
 from .errors import IntegrityError, UsageError, UserError
 from .fileio import atomic_write_json, atomic_write_text, sha256_cached, sweep_bundle
-from .manifest import FORMAT, validate_bundle_manifest, validate_core
+from .manifest import FORMAT, is_embedding_model, model_kind, validate_bundle_manifest, validate_core
 from .precisions import ARTIFACT_FILES, BY_NAME, NAMES, REGISTRY, listing, writers_text  # noqa: F401 - ARTIFACT_FILES re-exported
 from .precisions import manifest_record as precision_record
 from .spec import ViTSpec
@@ -81,6 +81,22 @@ class Bundle:
     @property
     def labels(self) -> list[str]:
         return list(self.manifest.get("labels") or [])
+
+    @property
+    def embedding_model(self) -> bool:
+        """No class scores among the graph's declared outputs (manifest.is_embedding_model): a CLIP/SigLIP
+        tower or a backbone. Label-based checks and metrics do not apply to it."""
+        return is_embedding_model(self.manifest.get("graph", {}).get("outputs"))
+
+    @property
+    def embedding_width(self) -> int | None:
+        """d of the embedding output as the manifest declares it ([batch, d]); None without one."""
+        shape = ((self.manifest.get("graph", {}).get("output_details") or {}).get("embedding") or {}).get("shape")
+        return int(shape[-1]) if shape and isinstance(shape[-1], int) else None
+
+    def kind(self) -> str:
+        """'an embedding model (512-d embedding, no classes)' or 'N classes' (manifest.model_kind)."""
+        return model_kind(self.manifest.get("graph", {}).get("outputs"), self.embedding_width, len(self.labels))
 
     @property
     def preprocessing(self) -> dict[str, Any]:

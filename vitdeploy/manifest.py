@@ -20,6 +20,26 @@ RESOLUTION_MODES = ("static", "dynamic", "variable")
 REQUIRED_CORE = ("source", "spec", "preprocessing", "resolution")
 
 
+# What a graph's outputs make of its model (issue 36): class scores make a classifier; a graph that
+# declares outputs but none of these (embedding, patch_grid: a CLIP/SigLIP image tower, a DINOv2
+# backbone) is an embedding model. check, evaluate and export's log all ask is_embedding_model.
+CLASS_OUTPUTS = ("logits", "probs")
+
+
+def is_embedding_model(outputs: Any) -> bool:
+    """True when the declared outputs hold no class scores. A manifest from before graph.outputs was
+    recorded declares none and is a classifier (every such export had logits)."""
+    return bool(outputs) and not any(o in CLASS_OUTPUTS for o in outputs)
+
+
+def model_kind(outputs: Any, embedding_width: int | None, classes: int) -> str:
+    """One phrase for a log or report: 'an embedding model (512-d embedding, no classes)' or '1000 classes'."""
+    if is_embedding_model(outputs):
+        width = f"{embedding_width}-d embedding" if embedding_width else "patch grid only"
+        return f"an embedding model ({width}, no classes)"
+    return f"{classes} classes"
+
+
 class ManifestError(UserError):
     """The manifest lacks a key, or holds a value of the wrong kind."""
 

@@ -153,7 +153,6 @@ def protocol_evidence(bundle: Bundle, contract: Any, feeds: dict[str, np.ndarray
             weight = read_initializer(path, tensors["weight"]) if tensors.get("weight") else None
             bias = read_initializer(path, tensors["bias"]) if tensors.get("bias") else None
             report["patch_grid"] = check_patch_grid(out[tensors["input"]], out[tensors["output"]], weight, bias, tuple(bundle.spec.patch_size))
-        # a graph without logits (embedding/patch_grid only) is checked against the spec's head width
         num_outputs = out["logits"].shape[-1] if "logits" in out else bundle.spec.num_classes
     else:
         from ..runtime.ort import OrtRunner
@@ -162,6 +161,11 @@ def protocol_evidence(bundle: Bundle, contract: Any, feeds: dict[str, np.ndarray
         num_outputs = first["logits"].shape[-1] if "logits" in first else bundle.spec.num_classes
         why = "the graph records no patch-embedding tensors" if not tensors else "float input or in-graph resize"
         report["preprocessing"] = {"passed": None, "diagnosis": f"not applicable ({why})"}
-    report["labels"] = check_labels(bundle, source_labels, num_outputs)
+    if bundle.embedding_model:
+        # no class scores among the graph's outputs (bundle.embedding_model): nothing for a label to name
+        report["labels"] = {"passed": None, "problems": [], "count": len(bundle.labels),
+                            "skipped": f"{bundle.kind()}: no label count, order or accuracy to check"}
+    else:
+        report["labels"] = check_labels(bundle, source_labels, num_outputs)
     report["passed"] = all(v.get("passed") is not False for v in report.values() if isinstance(v, dict))
     return report

@@ -51,8 +51,11 @@ def print_report(report: dict[str, Any]) -> None:
         console.print(f"protocol - patch grid: {'ok' if grid['passed'] else 'FAIL'}: patchify/unpatchify round trip max |d| "
                       f"{grid['roundtrip_max_abs']:.1e}; tokens vs patchify+linear rel {grid.get('tokens_vs_linear_rel', float('nan')):.1e}")
     lab = proto["labels"]
-    console.print(f"protocol - labels: {'ok' if lab['passed'] else 'FAIL'}: {lab['count']} labels, head has {lab['num_outputs']} outputs"
-                  + ("; " + "; ".join(lab["problems"]) if lab["problems"] else "; order matches the source"))
+    if lab.get("skipped"):
+        console.print(f"protocol - labels: skipped: {lab['skipped']}", markup=False, highlight=False)
+    else:
+        console.print(f"protocol - labels: {'ok' if lab['passed'] else 'FAIL'}: {lab['count']} labels, head has {lab['num_outputs']} outputs"
+                      + ("; " + "; ".join(lab["problems"]) if lab["problems"] else "; order matches the source"))
     for art in report["artifacts"]:
         loc = art.get("localisation")
         if loc and loc.get("available"):

@@ -95,6 +95,9 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
         from vitdeploy.exporters.torch_runner import TorchRunner
     except ImportError as exc:
         raise UserError(f"check compares with PyTorch, which is not importable ({exc}); pip install 'vitdeploy[export]'") from None
+    if bundle.embedding_model:
+        log(f"{bundle.kind()}: parity with PyTorch on its outputs and the protocol checks; label-based metrics "
+            "(label order, accuracy, top-1) do not apply and are skipped")
     reference = TorchRunner.from_bundle(bundle, threads=opts.threads)
     alone = ", each image alone at its own size" if reference.per_image else ""
     log(f"reference: PyTorch {reference.info.details['torch']} on {bundle.manifest['source']['kind']}:{bundle.manifest['source']['name']}{alone}")

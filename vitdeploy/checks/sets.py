@@ -64,7 +64,9 @@ def image_sets(bundle: Bundle, contract: InputContract, opts: Any, log: Callable
     data = opts.data or default_data(bundle)
     if data:
         found.append(real_set(bundle, data, opts.limit))
-    return [CheckSet(s.name, contract.feeds(s.images), s.labels, s.real, IMAGES, dict(s.meta)) for s in found]
+    # an embedding model has no classes: its real images judge parity on the embedding, their labels nothing
+    keep_labels = not bundle.embedding_model
+    return [CheckSet(s.name, contract.feeds(s.images), s.labels if keep_labels else None, s.real, IMAGES, dict(s.meta)) for s in found]
 
 
 def canvas_sets(bundle: Bundle, contract: InputContract, opts: Any, log: Callable[[str], None]) -> list[CheckSet]:

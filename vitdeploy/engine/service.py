@@ -6,7 +6,8 @@ Modes (the CLI picks one):
   parser rules (``parser_rules``, ``lint``); writes nothing;
 - ``dla_report``: the DLA feasibility report of the planned graph and shape (no TensorRT, no GPU);
 - ``dry_run``: validate the plan, write ``reports/engine-plan-<target>.json`` (plan, capabilities,
-  the exact TensorRT calls, the trtexec line), no TensorRT needed when ``trt_version`` is given;
+  the exact TensorRT calls, the trtexec line), no TensorRT needed: without ``trt_version`` (and none
+  installed) it plans for ``PLAN_DEFAULT_TRT``, the newest TensorRT vitdeploy knows, and says so;
 - ``print_trtexec`` alone: only print the equivalent trtexec command;
 - otherwise build on this machine's GPU and write ``engines/<target>/model.plan`` + ``engine.json``
   (staged, then swapped in), and record the engine in the bundle's manifest.
@@ -37,6 +38,9 @@ from .versions import Capabilities, TrtVersion, capabilities_for, capabilities_o
 
 # JetPack 6.1/6.2's TensorRT: the DLA report's default when no TensorRT is installed or named.
 DLA_REPORT_DEFAULT_TRT = "10.3"
+# A plan (--dry-run, --print-trtexec, --lint) with no TensorRT installed or named: the newest TensorRT
+# whose API and ONNX parser vitdeploy knows (engine/versions.py, engine/parser_rules.py); the plan says so.
+PLAN_DEFAULT_TRT = "11.4"
 
 
 @dataclass
@@ -122,6 +126,11 @@ def run(request: BuildEngineRequest, log: Any = None) -> BuildEngineOutcome:
         raise ConfigError(f"{target.module.name} on JetPack {target.release.jetpack} has no usable DLA: every layer runs on the GPU; "
                           "--dla-report is for targets with DLA (see `vitdeploy targets`)")
     request = _target_version(request, target)
+    default_note = None
+    if not building and not request.dla_report and not request.trt_version and installed_version() is None:
+        request = replace(request, trt_version=PLAN_DEFAULT_TRT)
+        default_note = (f"no TensorRT installed here and none named: planned for TensorRT {PLAN_DEFAULT_TRT}, the newest release "
+                        "vitdeploy knows (--trt-version X or --target NAME plans for another)")
     if request.dla_report and not options.batch and options.dla_core is None:
         options = replace(options, batch=("1",))  # the report is about static DLA shapes by default
     caps, trt = _capabilities(request, need_live=building)
@@ -133,9 +142,13 @@ def run(request: BuildEngineRequest, log: Any = None) -> BuildEngineOutcome:
         relevant = ("tensorrt", "compute_capability") + (("dla_cores",) if options.dla_core is not None or request.dla_report else ())
         target_notes += [f"not confirmed by a stored source: {u}" for u in target.unconfirmed(relevant)]
         plan = replace(plan, device_target=_target_record(target), notes=plan.notes + tuple(target_notes))
+    if default_note:
+        plan = replace(plan, notes=plan.notes + (default_note,))
     rules = rules_for(caps.version)
     if request.lint:
-        return _lint_only(bundle, plan, rules)
+        linted = _lint_only(bundle, plan, rules)
+        linted.lines[:0] = [default_note] if default_note else []
+        return linted
     plan, report = parse_graph(bundle, plan, rules, log)
     if building and report.findings:
         first = (report.blocking or report.findings)[0]

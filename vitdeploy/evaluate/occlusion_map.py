@@ -16,7 +16,7 @@ import numpy as np
 from ..bundle import Bundle
 from ..errors import UserError
 from .run import Progress, evaluation_contract, mean_rgb
-from .runners import check_precisions, graph_scorer
+from .runners import check_precisions, graph_scorer, refuse_embedding_model
 from .transforms import OCCLUSION_FILLS, Context
 
 
@@ -49,6 +49,7 @@ def run_occlusion_map(path: str | Path, inputs: Sequence[str], out_dir: str | Pa
     opts = options or OcclusionOptions()
     prog = progress or Progress()
     bundle = Bundle.open(path)
+    refuse_embedding_model(bundle, "evaluate --occlusion-map")
     if opts.fill not in OCCLUSION_FILLS:
         raise UserError(f"unknown occlusion fill {opts.fill!r}; use {', '.join(OCCLUSION_FILLS)}")
     precision = check_precisions(bundle, [opts.precision])[0]

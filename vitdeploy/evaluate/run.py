@@ -23,7 +23,7 @@ from ..bundle import Bundle
 from ..contract import InputContract
 from ..data import default_data
 from ..errors import UserError
-from .runners import Scorer, check_precisions, engine_scorers, graph_scorer, reference_scorer
+from .runners import Scorer, check_precisions, engine_scorers, graph_scorer, reference_scorer, refuse_embedding_model
 from .score import condition_stats, size_bins, size_strata
 from .transforms import OCCLUSION_FILLS, Context, Transform, foreground_fraction, parse_suite
 
@@ -115,6 +115,7 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
     if not opts.max_drop_pt > 0:
         raise UserError(f"--max-drop must be > 0 points, got {opts.max_drop_pt}")
     bundle = Bundle.open(path)
+    refuse_embedding_model(bundle, "evaluate")
     suite = parse_suite(opts.suite, opts.severities, opts.ladder)  # bad names/severities fail before anything loads
     precisions = check_precisions(bundle, opts.precisions)
     contract = evaluation_contract(bundle)

@@ -117,6 +117,15 @@ def engine_scorers(bundle: Bundle, contract: InputContract, batch: int) -> tuple
     return scorers, skipped
 
 
+def refuse_embedding_model(bundle: Bundle, what: str) -> None:
+    """evaluate scores class predictions on labelled images; an embedding model (bundle.embedding_model:
+    no logits/probs among its declared outputs) has none: one line saying what applies instead."""
+    if bundle.embedding_model:
+        outputs = ",".join(bundle.manifest.get("graph", {}).get("outputs") or [])
+        raise UsageError(f"{bundle.root} is {bundle.kind()} (outputs {outputs}): {what} scores class predictions, which it has none of; "
+                         "`vitdeploy check` measures its parity with PyTorch, `vitdeploy embed` writes its features")
+
+
 def check_precisions(bundle: Bundle, precisions: list[str] | None) -> list[str]:
     present = bundle.precisions()
     if not precisions:

@@ -263,17 +263,7 @@ def predict_files(
     """
     paths = expand_image_paths(images)
     with Classifier.load(bundle, prefer=prefer, precision=precision, size=size) as clf:
-        prepared: list[tuple[int, np.ndarray]] = []
-        errors: dict[int, str] = {}
-        for i, path in enumerate(paths):
-            try:  # decoded and resized one by one, so one bad file names itself and costs only itself
-                prepared.append((i, clf.prepare(str(path))))
-            except UserError as exc:
-                if strict:
-                    raise
-                errors[i] = str(exc)
-        if not prepared:
-            raise UserError(f"none of the {len(paths)} images could be read; first: {errors[0]}")
+        prepared, errors = prepare_each(clf, paths, strict)
         tops = dict(zip([i for i, _ in prepared], clf.classify([a for _, a in prepared], top_k=top_k)))
         about = clf.describe()
     results = [
@@ -281,6 +271,23 @@ def predict_files(
         {"image": str(path), "top": [{"label": t.label, "prob": t.prob} for t in tops[i]]} for i, path in enumerate(paths)
     ]
     return results, about
+
+
+def prepare_each(clf: Classifier, paths: Sequence[Path], strict: bool) -> tuple[list[tuple[int, np.ndarray]], dict[int, str]]:
+    """Each file decoded and brought to the graph one by one, so one bad file names itself and costs only
+    itself: (index, image) of those read, {index: one line} of those not; ``strict`` stops at the first."""
+    prepared: list[tuple[int, np.ndarray]] = []
+    errors: dict[int, str] = {}
+    for i, path in enumerate(paths):
+        try:
+            prepared.append((i, clf.prepare(str(path))))
+        except UserError as exc:
+            if strict:
+                raise
+            errors[i] = str(exc)
+    if not prepared:
+        raise UserError(f"none of the {len(paths)} images could be read; first: {errors[0]}")
+    return prepared, errors
 
 
 def embed_files(
@@ -291,10 +298,12 @@ def embed_files(
     precision: str = "best",
     prefer: Sequence[str] = BACKENDS,
     size: Sequence[int] | None = None,
+    strict: bool = False,
 ) -> tuple[np.ndarray, list[str], dict[str, Any]]:
     """Features of image files (or one uint8 [N, H, W, 3] .npy array): the embedding [N, d], or with
     ``patch_grid`` the patch grid [N, d, G_h, G_w]; the image names in row order; the classifier's
-    description."""
+    description, whose ``unreadable`` lists the files left out ({"file", "reason"}) as predict_files
+    does: a file that cannot be read has no row and the others are embedded; ``strict`` stops at the first."""
     arrays = [Path(p) for p in images if str(p).endswith(".npy")]
     with Classifier.load(bundle, prefer=prefer, precision=precision, size=size) as clf:
         if arrays:
@@ -303,11 +312,15 @@ def embed_files(
             loaded = [load_npy_images(p) for p in arrays]
             names = [f"{p}[{i}]" for p, a in zip(arrays, loaded) for i in range(len(a))]
             source: Any = np.concatenate(loaded)
+            unreadable: list[dict[str, str]] = []
         else:
-            names = [str(p) for p in expand_image_paths(images)]
-            source = names
+            paths = expand_image_paths(images)
+            prepared, errors = prepare_each(clf, paths, strict)
+            names = [str(paths[i]) for i, _ in prepared]
+            source = [a for _, a in prepared]
+            unreadable = [{"file": str(paths[i]), "reason": why} for i, why in errors.items()]
         feats = clf.patch_grid(source) if patch_grid else clf.embed(source, normalize=normalize)
-        about = clf.describe()
+        about = {**clf.describe(), "unreadable": unreadable}
     return feats, names, about
 
 
