@@ -115,6 +115,17 @@ REGISTRY: Tuple[Precision, ...] = (
         weak_builder_flags=("INT8", "FP16"), weak_trtexec_flags=("--int8", "--fp16"), legacy_needs_calibration=True, dla=True,
         gpu_peak_dtype="fp16",
     ),
+    Precision(
+        # explicit E4M3 Q/DQ (per-tensor scales, amax/448) on the linear layers and, where the target's fused
+        # attention takes FP8, on Q, K, V and the softmax output; the rest as the fp16 graph keeps it
+        # (calibration/fp8.py). Strongly typed only: TensorRT's explicit quantization is meant with strong
+        # typing and no precision flags ("Explicit Quantization", https://docs.nvidia.com/deeplearning/tensorrt/
+        # latest/inference-library/quantized-types-explicit-quantization.html), which exist from 10.0; FP8
+        # tensor cores from compute capability 8.9 (Ada; Hopper 9.0, Blackwell and Thor above). DLA has no FP8.
+        name="fp8", artifact="model.fp8.onnx", graph_dtypes=("float8e4m3fn", "float16", "float32"), passes=("calibrate",),
+        make_hint="create it with `vitdeploy calibrate --precision fp8`", rank=3, gate="reduced",
+        min_trt=(10, 0), min_compute_capability=(8, 9), dla=False, gpu_peak_dtype="fp16",
+    ),
 )
 
 VARIANTS: Tuple[Variant, ...] = (
