@@ -18,7 +18,7 @@ machinery and the range pass's overflowing nodes stay fp32) with explicit ``Quan
   into the second, as TensorRT Model Optimizer's ONNX FP8 mode places them so that TensorRT's fused FP8
   multi-head attention engages (https://nvidia.github.io/TensorRT-Model-Optimizer/guides/
   _onnx_quantization.html; without that placement attention stays FP16, NVIDIA/TensorRT#4516). The
-  softmax output lies in [0, 1]: its scale is fixed at 1/448, not calibrated. With ``attention="fp16"``
+  softmax output lies in [0, 1]: its scale is fixed at 1/448, not calibrated. With ``attention="float"``
   the attention matmuls carry no Q/DQ and compute in fp16 (targets whose fused attention does not
   take FP8: ``vitdeploy.engine.fp8_attention``).
 
@@ -52,7 +52,7 @@ FP8_TYPE = "float8e4m3fn"
 # per-batch percentile of |x| ("percentile": clips rare spikes; FP8's range rarely needs it)
 FP8_METHODS = ("max", "percentile")
 DEFAULT_PERCENTILE = 99.99
-ATTENTION_MODES = ("fp8", "fp16")
+ATTENTION_MODES = ("fp8", "float")
 SOFTMAX_SCALE = 1.0 / FP8_MAX  # softmax output in [0, 1]: amax 1
 MIN_OPSET = 19  # QuantizeLinear/DequantizeLinear with float8 types
 _SUFFIX = "/fp8"
@@ -61,7 +61,7 @@ _SUFFIX = "/fp8"
 @dataclass(frozen=True)
 class Fp8Recipe:
     method: str = "max"
-    attention: str = "fp8"  # "fp8": Q/DQ on Q, K, V and the softmax output; "fp16": attention matmuls unquantized
+    attention: str = "fp8"  # "fp8": Q/DQ on Q, K, V and the softmax output; "float": attention matmuls unquantized (fp16)
     percentile: float = DEFAULT_PERCENTILE
 
     def __post_init__(self) -> None:
@@ -316,5 +316,5 @@ def inspect_fp8_placement(model: Any) -> dict[str, Any]:
     del onnx
     return {"linear_layers": linear_total, "linear_fp8": linear_fp8, "attention_matmuls": attn_total, "attention_fp8": attn_fp8,
             "softmax_fixed_scale": softmax_fixed, "fp8_layers": layers,
-            "attention": "fp8" if attn_total and attn_fp8 == attn_total else ("fp16" if attn_fp8 == 0 else "mixed"),
+            "attention": "fp8" if attn_total and attn_fp8 == attn_total else ("float" if attn_fp8 == 0 else "mixed"),
             "violations": violations}

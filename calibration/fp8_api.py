@@ -41,7 +41,7 @@ class Fp8Options:
     data: str | None = None  # calibration images; default: the bundled model's training split
     samples: int | None = DEFAULT_SAMPLES
     method: str | None = None  # None: the ladder (max, then percentile) when there is data to gate on
-    attention: str = "fp8"  # "fp8" | "fp16" (calibration/fp8.py)
+    attention: str = "fp8"  # "fp8" | "float" (calibration/fp8.py)
     eval_data: str | None = None
     eval_limit: int | None = None
     gate: Gate = Gate()

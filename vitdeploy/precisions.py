@@ -165,6 +165,11 @@ def choices(best: bool = False, best_first: bool = True) -> Tuple[str, ...]:
     return (BEST,) + NAMES if best_first else NAMES + (BEST,)
 
 
+def calibrated() -> Tuple[str, ...]:
+    """The precisions `calibrate` writes (its --precision choices), in registry order."""
+    return tuple(p.name for p in REGISTRY if "calibrate" in p.passes)
+
+
 def best_of(available) -> Optional[str]:  # available: any container of names
     """The highest-ranked precision among ``available``, None when there is none."""
     return next((n for n in BEST_ORDER if n in available), None)
