@@ -47,6 +47,7 @@ class Fp8Options:
     gate: Gate = Gate()
     data_max: float | None = None  # the fp16 range pass threshold (None: its default; inf: off)
     threads: int | None = None
+    keep: tuple[str, ...] = ()  # node names left in float (a debug-precision recipe's keep_float.nodes)
 
 
 def calibrate_fp8_bundle(path: str | Path, options: Fp8Options | None = None, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
@@ -68,19 +69,6 @@ def calibrate_fp8_bundle(path: str | Path, options: Fp8Options | None = None, lo
     start = time.perf_counter()
     execution = GATED_EXECUTION["tensorrt"]
 
-    from vitdeploy.exporters.fp16 import convert_to_fp16
-    from vitdeploy.exporters.fp16_range import DEFAULT_DATA_MAX, range_feeds
-    from vitdeploy.exporters.mask_path import find_mask_path
-
-    model32 = onnx_io.load(fp32)
-    mask = find_mask_path(model32)
-    sites = find_sites(model32, skip=mask.linear if mask is not None else ())
-    nodes32 = {n.name: n for n in model32.graph.node}
-    tensor_of = {(name, 0): nodes32[name].input[0] for name in sites.linear}
-    tensor_of.update({(name, i): nodes32[name].input[i] for name, inputs in sites.attention.items() for i in inputs})
-    input_name = model32.graph.input[0].name
-    feeds = list(source.feeds(input_name, FEED_BATCH))
-    limit = DEFAULT_DATA_MAX if opts.data_max is None else float(opts.data_max)
     fp32_ref = fp32_accuracy = None
     if data is not None:
         fp32_ref = graph_outputs(fp32, data.images, "all", opts.threads)
@@ -88,31 +76,18 @@ def calibrate_fp8_bundle(path: str | Path, options: Fp8Options | None = None, lo
 
     with tempfile.TemporaryDirectory(prefix="vitdeploy-fp8.") as tmp:
         work = Path(tmp)
-        fp16_path = work / "fp16.onnx"
-        range_data, range_images = range_feeds(bundle, opts.data) if limit != float("inf") else (None, None)
-        fp16_record = convert_to_fp16(fp32, fp16_path, manifest=bundle.manifest, range_feeds=range_data, data_max=limit)
-        tensors = calibrated_tensors(model32, sites, opts.attention)
+        graphs = Fp8Graphs(bundle, source, opts.attention, opts.data_max, opts.threads, work)
+        unknown = sorted(set(opts.keep) - set(graphs.sites.linear) - set(graphs.sites.attention))
+        if unknown:
+            raise UserError(f"the recipe keeps {len(unknown)} node(s) in float that this graph has no FP8 site for (e.g. {unknown[0]}); "
+                            "was it written for another bundle? re-run `vitdeploy debug-precision BUNDLE --precision fp8`")
         tried: list[dict[str, Any]] = []
         chosen = None
-        amax_cache: dict[str, dict[str, float]] = {}
         for method in methods:
             recipe = Fp8Recipe(method, opts.attention)
-            t0 = time.perf_counter()
-            amax = amax_cache.setdefault(method, collect_amax(model32, feeds, tensors, method, recipe.percentile, opts.threads))
-            calib_seconds = time.perf_counter() - t0
             graph = work / f"fp8-{method}.onnx"
-            model = onnx_io.load(fp16_path)
-            onnx_io.infer_shapes(model, in_place=True)
-            inserted = insert_qdq(model, sites, amax, tensor_of, opts.attention)
-            placement = inspect_fp8_placement(model)
-            if placement["violations"]:
-                raise InternalError("the FP8 graph breaks the ViT placement policy: " + "; ".join(placement["violations"][:5]))
-            core = copy.deepcopy(bundle.manifest)
-            core.setdefault("graph", {})["precision"] = PRECISION
-            core["graph"]["quantization"] = {**recipe.to_dict(), "type": FP8_TYPE, "weights": "per-tensor"}
-            embed_manifest(model, core)
-            onnx_io.save(model, graph, manifest=bundle.manifest)
-            del model
+            amax, calib_seconds = graphs.amax(method)
+            inserted, placement = graphs.build(method, graph, keep=frozenset(opts.keep))
             row: dict[str, Any] = {"method": method, "calibration_seconds": round(calib_seconds, 2)}
             scores = None
             if data is not None:
@@ -147,10 +122,11 @@ def calibrate_fp8_bundle(path: str | Path, options: Fp8Options | None = None, lo
             "attention": {"placement": opts.attention, "softmax_scale": "1/448 (fixed)" if opts.attention == "fp8" else None,
                           "matmuls": placement["attention_matmuls"], "fp8": placement["attention_fp8"]},
             "layers_fp8": placement["fp8_layers"],
+            "kept_float": sorted(opts.keep),
             "linear_layers": {"total": placement["linear_layers"], "fp8": placement["linear_fp8"]},
             "scales": inserted["scales"],
-            "fp32_islands": {**{k: fp16_record.get(k) for k in ("kept_fp32_op_types", "preprocessing_nodes_fp32", "position_nodes_fp32")},
-                             "range_pass": fp16_record.get("range_pass"), "range_images": range_images},
+            "fp32_islands": {**{k: graphs.fp16_record.get(k) for k in ("kept_fp32_op_types", "preprocessing_nodes_fp32", "position_nodes_fp32")},
+                             "range_pass": graphs.fp16_record.get("range_pass"), "range_images": graphs.range_images},
             "calibration": {**source.record(), "method": recipe.method, "tensors": len(amax)},
             "evaluation": evaluation,
             "selection": {"mode": "single" if opts.method else "ladder", "candidates": tried},
@@ -165,3 +141,58 @@ def calibrate_fp8_bundle(path: str | Path, options: Fp8Options | None = None, lo
             onnx_io.copy(graph, dst)
             bundle.add_artifact(PRECISION, dst, record)
     return bundle.artifact_record(PRECISION)
+
+
+class Fp8Graphs:
+    """What every FP8 graph of a bundle shares, made once: the sites (on the fp32 graph), the fp16 base
+    graph with its fp32 islands, and the activation amax per method; then FP8 graphs of any subset of
+    the sites (``keep``: node names left in float, as debug-precision asks)."""
+
+    def __init__(self, bundle: Bundle, source: Any, attention: str, data_max: float | None, threads: int | None, work: Path):
+        from vitdeploy.exporters.fp16 import convert_to_fp16
+        from vitdeploy.exporters.fp16_range import DEFAULT_DATA_MAX, range_feeds
+        from vitdeploy.exporters.mask_path import find_mask_path
+
+        self.bundle, self.attention, self.threads, self.work = bundle, attention, threads, work
+        fp32 = bundle.artifact_path("fp32")
+        self.model32 = onnx_io.load(fp32)
+        mask = find_mask_path(self.model32)
+        self.sites = find_sites(self.model32, skip=mask.linear if mask is not None else ())
+        nodes32 = {n.name: n for n in self.model32.graph.node}
+        self.tensor_of = {(name, 0): nodes32[name].input[0] for name in self.sites.linear}
+        self.tensor_of.update({(name, i): nodes32[name].input[i] for name, inputs in self.sites.attention.items() for i in inputs})
+        self.feeds = list(source.feeds(self.model32.graph.input[0].name, FEED_BATCH))
+        limit = DEFAULT_DATA_MAX if data_max is None else float(data_max)
+        range_data, self.range_images = range_feeds(bundle, source.name) if limit != float("inf") else (None, None)
+        self.fp16_path = work / "fp16-base.onnx"
+        self.fp16_record = convert_to_fp16(fp32, self.fp16_path, manifest=bundle.manifest, range_feeds=range_data, data_max=limit)
+        self._amax: dict[str, tuple[dict[str, float], float]] = {}
+
+    def amax(self, method: str) -> tuple[dict[str, float], float]:
+        """(amax per calibrated tensor, seconds it took) for ``method``."""
+        if method not in self._amax:
+            recipe = Fp8Recipe(method, self.attention)
+            t0 = time.perf_counter()
+            tensors = calibrated_tensors(self.model32, self.sites, self.attention)
+            self._amax[method] = (collect_amax(self.model32, self.feeds, tensors, method, recipe.percentile, self.threads), time.perf_counter() - t0)
+        return self._amax[method]
+
+    def build(self, method: str, out: Path, keep: frozenset = frozenset()) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Write the FP8 graph with every site but ``keep`` quantized; (insertion record, placement)."""
+        from .fp8 import Sites
+
+        amax, _ = self.amax(method)
+        sites = Sites([n for n in self.sites.linear if n not in keep], {n: v for n, v in self.sites.attention.items() if n not in keep})
+        model = onnx_io.load(self.fp16_path)
+        onnx_io.infer_shapes(model, in_place=True)
+        inserted = insert_qdq(model, sites, amax, self.tensor_of, self.attention)
+        placement = inspect_fp8_placement(model)
+        if placement["violations"]:
+            raise InternalError("the FP8 graph breaks the ViT placement policy: " + "; ".join(placement["violations"][:5]))
+        core = copy.deepcopy(self.bundle.manifest)
+        core.setdefault("graph", {})["precision"] = PRECISION
+        core["graph"]["quantization"] = {**Fp8Recipe(method, self.attention).to_dict(), "type": FP8_TYPE, "weights": "per-tensor",
+                                         "kept_float": sorted(keep)}
+        embed_manifest(model, core)
+        onnx_io.save(model, out, manifest=self.bundle.manifest)
+        return inserted, placement

@@ -77,8 +77,8 @@ def command(bundle, precision, fp8_attention, data, method, samples, exclude_op_
     if precision != "int8":
         return _calibrate_fp8(bundle, fp8_attention, data, method, samples, eval_data, eval_limit, max_drop, min_agreement, min_cosine,
                               threads, as_json, given=[flag for flag, value in (("--exclude-op-types", exclude_op_types), ("--exclude-blocks", exclude_blocks),
-                                                                               ("--exclude-roles", exclude_roles), ("--sweep", sweep),
-                                                                               ("--recipe", recipe_file)) if value])
+                                                                               ("--exclude-roles", exclude_roles), ("--sweep", sweep)) if value],
+                              recipe_file=recipe_file)
     from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
     from vitdeploy.calibration.evaluate import Gate
     from vitdeploy.calibration.exclusions import Exclusions
@@ -116,7 +116,8 @@ def command(bundle, precision, fp8_attention, data, method, samples, exclude_op_
     click.echo(graph_memory_line(record))
 
 
-def _calibrate_fp8(bundle, attention, data, method, samples, eval_data, eval_limit, max_drop, min_agreement, min_cosine, threads, as_json, given):
+def _calibrate_fp8(bundle, attention, data, method, samples, eval_data, eval_limit, max_drop, min_agreement, min_cosine, threads, as_json, given,
+                   recipe_file=None):
     from vitdeploy.calibration.evaluate import Gate
     from vitdeploy.calibration.fp8_api import Fp8Options, calibrate_fp8_bundle
     from vitdeploy.console import get_console
@@ -124,7 +125,16 @@ def _calibrate_fp8(bundle, attention, data, method, samples, eval_data, eval_lim
 
     if given:
         raise UserError(f"{', '.join(given)}: INT8 only; FP8 takes --method max|percentile and --fp8-attention")
-    options = Fp8Options(data=data, samples=samples, method=method, attention=attention, eval_data=eval_data, eval_limit=eval_limit,
+    keep: tuple[str, ...] = ()
+    if recipe_file is not None:  # what `debug-precision --precision fp8` found: method, attention, the sites kept in float
+        from vitdeploy.calibration.recipe_file import read_recipe
+
+        if method:
+            raise UserError("--recipe sets the method; drop --method")
+        recipe = read_recipe(recipe_file, "fp8")
+        method, attention = recipe.get("method"), recipe.get("attention", attention)
+        keep = tuple((recipe.get("keep_float") or {}).get("nodes") or ())
+    options = Fp8Options(data=data, samples=samples, method=method, attention=attention, eval_data=eval_data, eval_limit=eval_limit, keep=keep,
                          gate=Gate(max_drop_points=max_drop, min_agreement=min_agreement, min_cosine=min_cosine), threads=threads)
     err = get_console(stderr=True)
     record = calibrate_fp8_bundle(bundle, options, log=(lambda _m: None) if as_json else (lambda m: err.print(m, highlight=False)))
