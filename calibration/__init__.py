@@ -12,6 +12,7 @@
 * :mod:`.api` - ``calibrate_bundle``, what ``vitdeploy calibrate`` calls;
 * :mod:`.fp8` - FP8 (E4M3) Q/DQ for ViTs: activation amax, placement (linear layers, attention), inspection;
 * :mod:`.fp8_api` - ``calibrate_fp8_bundle``, what ``vitdeploy calibrate --precision fp8`` calls (gated as INT8);
+* :mod:`.fp8_debug` - debug-precision's FP8 trials (a subset of the sites in E4M3, the rest in float);
 * :mod:`.legacy_trt` - calibration batches and device memory for TensorRT < 11's entropy calibrator;
 * :mod:`.debug_precision` - ``vitdeploy debug-precision``: which parts must stay in higher precision;
 * :mod:`.precision_units` - the units debug-precision ranks, and how one trial graph is scored;
