@@ -49,21 +49,28 @@ def test_e4m3_saturates_at_448() -> None:
     assert scale_of(896.0) == 2.0 and scale_of(0.0) == 1.0
 
 
-@pytest.mark.parametrize("attention", ["fp8", "float"])
-def test_both_attention_placements(digits_bundle, attention) -> None:
-    """Q/DQ on every linear layer; on Q, K, V and the softmax output (fixed scale 1/448) only in fp8 mode."""
-    import onnxruntime as ort
+def _fp8_graph(bundle, attention):
+    """The digits fp32 graph with E4M3 Q/DQ at every site (amax 8 everywhere: placement, not accuracy)."""
+    from vitdeploy.calibration.fp8 import calibrated_tensors, find_sites, insert_qdq
 
-    from vitdeploy.calibration.fp8 import SOFTMAX_SCALE, calibrated_tensors, find_sites, insert_qdq, inspect_fp8_placement
-
-    model = onnx.load(str(digits_bundle.artifact_path("fp32")))
+    model = onnx.load(str(bundle.artifact_path("fp32")))
     sites = find_sites(model)
     nodes = {n.name: n for n in model.graph.node}
     tensor_of = {(n, 0): nodes[n].input[0] for n in sites.linear}
     tensor_of.update({(n, i): nodes[n].input[i] for n, ins in sites.attention.items() for i in ins})
     amax = {t: 8.0 for t in calibrated_tensors(model, sites, attention)}
-    onnx.shape_inference.infer_shapes(model)
     insert_qdq(model, sites, amax, tensor_of, attention)
+    return model, sites
+
+
+@pytest.mark.parametrize("attention", ["fp8", "float"])
+def test_both_attention_placements(digits_bundle, attention) -> None:
+    """Q/DQ on every linear layer; on Q, K, V and the softmax output (fixed scale 1/448) only in fp8 mode."""
+    import onnxruntime as ort
+
+    from vitdeploy.calibration.fp8 import SOFTMAX_SCALE, inspect_fp8_placement
+
+    model, sites = _fp8_graph(digits_bundle, attention)
     placement = inspect_fp8_placement(model)
     assert placement["violations"] == []
     assert placement["linear_fp8"] == placement["linear_layers"] == len(sites.linear) == 17
@@ -78,6 +85,19 @@ def test_both_attention_placements(digits_bundle, attention) -> None:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     images = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
     assert np.isfinite(session.run(["logits"], {"images": images})[0]).all()
+
+
+def test_parse_lint_knows_fp8_qdq_per_version(digits_bundle, tmp_path) -> None:
+    from vitdeploy.engine.lint import lint_file
+    from vitdeploy.engine.parser_rules import RULES, rules_for
+
+    model, _ = _fp8_graph(digits_bundle, "fp8")
+    path = tmp_path / "model.fp8.onnx"
+    onnx.save(model, str(path))
+    old = lint_file(path, RULES["8.6"]).by_rule()
+    assert old.get("QuantizeLinear with FP8 (float8e4m3fn)") and old.get("DequantizeLinear with FP8 (float8e4m3fn)")
+    for version in ("10.3", "10.13", "11.4"):
+        assert lint_file(path, rules_for(version)).findings == [], version
 
 
 def _calibrate(path, *extra):
