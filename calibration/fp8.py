@@ -29,6 +29,12 @@ bias Add after the dequantized GEMM). ONNX Runtime's CPU kernels run E4M3 Q/DQ e
 saturate at 448 x scale), so the graph is verified here in reference semantics; nothing here ran on
 a GPU.
 
+Why not ``onnxruntime.quantization`` with ``QuantType.QFLOAT8E4M3FN``: ORT 1.32 refuses every calibration
+method but ``Distribution`` for float types ("Only Distribution calibration method is supported for float
+quantization"), which sets scales from the distribution's spread rather than amax/448, and places Q/DQ by
+its own op rules (58 QuantizeLinear on the digits graph where this placement has 33); the ViT placement
+and the scales are ours, so the insertion is written here (a few dozen lines over onnx.helper).
+
 Scales come from :func:`collect_amax` on the fp32 graph (the tensor names of the linear layers'
 inputs are mapped to the fp16 graph through node names, which the fp16 converter keeps).
 """

@@ -5,6 +5,7 @@ random-init timm ViT. Verified in ONNX Runtime's CPU reference semantics only: n
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -125,7 +126,8 @@ def test_digits_fp8_acceptance(digits_bundle, copy_bundle) -> None:
     assert thor.exit_code == 0 and "--stronglyTyped" in thor.output and "--fp8" not in thor.output.replace("model.fp8", ""), thor.output
     hopper = runner.invoke(main, ["build-engine", str(path), "--dry-run", "--precision", "fp8", "--trt-version", "10.8"])
     assert hopper.exit_code == 0 and "fp8 via strongly-typed" in hopper.output, hopper.output
-    for refused, why in ((["--target", "jp6.2-agx-orin"], "compute capability 8.9"), (["--trt-version", "8.5"], "TensorRT 10.0")):
+    for refused, why in ((["--target", "jp6.2-agx-orin"], "compute capability 8.9"), (["--trt-version", "8.5"], "TensorRT 10.0"),
+                         (["--trt-version", "10.3", "--legacy-precision"], "drop --legacy-precision")):
         out = runner.invoke(main, ["build-engine", str(path), "--dry-run", "--precision", "fp8", *refused])
         assert out.exit_code != 0 and why in out.output and "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1
 
@@ -159,3 +161,18 @@ def test_fp8_timm_vit_builds_and_verifies(export_cached, timm_variants, copy_bun
     a, b = (s.run(["logits"], {"images": images[64:72]})[0] for s in (fp32, fp8))
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     assert np.isfinite(b).all() and cos.min() > 0.95
+
+
+@pytest.mark.slow
+def test_debug_precision_fp8_ranks_and_its_recipe_reproduces(digits_bundle, copy_bundle) -> None:
+    path = copy_bundle(digits_bundle)
+    runner = CliRunner()
+    out = runner.invoke(main, ["debug-precision", str(path), "--precision", "fp8", "--samples", "64", "--eval-limit", "120", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output[out.output.index("{"):])
+    assert {"cells", "blocks", "roles"} <= set(report["ranking"]) and report["ranking"]["roles"]
+    assert "attention-matmuls" in {r["unit"] for r in report["ranking"]["roles"]}  # FP8 ranks the attention matmuls too
+    recipe = json.loads(Path(report["recipe_file"]).read_text())
+    assert recipe["precision"] == "fp8" and recipe["method"] == "max" and "nodes" in recipe["keep_float"]
+    record = _calibrate(path, "--recipe", report["recipe_file"], "--samples", "64", "--eval-limit", "120")
+    assert record["evaluation"]["gate"]["passed"] and record["kept_float"] == recipe["keep_float"]["nodes"]

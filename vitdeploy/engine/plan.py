@@ -336,6 +336,9 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities, compute_cap
         spec = bundle.spec
         notes.append(attention_note((record.get("attention") or {}).get("placement"), trt, compute_capability,
                                     head_dim=spec.embed_dim // spec.num_heads))
+    if options.legacy_precision and precision != precisions.REFERENCE and not entry.weak_builder_flags:
+        raise ConfigError(f"--legacy-precision builds the fp32 graph with precision flags, and {precision} has none: "
+                          f"drop --legacy-precision to build the {precision} graph strongly typed")
     if options.legacy_precision:
         path, source_precision = PATH_LEGACY, precisions.REFERENCE
         flags = entry.builder_flags(trt)
