@@ -245,7 +245,8 @@ def insert_qdq(model: Any, sites: Sites, amax: dict[str, float], tensor_of: dict
         ordered.append(node)
     del graph.node[:]
     graph.node.extend(ordered)
-    onnx.checker.check_model(model, full_check=False) if model.ByteSize() < (2 << 30) - (64 << 20) else None
+    if model.ByteSize() < (2 << 30) - (64 << 20):  # the checker serialises the model: not past protobuf's 2 GiB
+        onnx.checker.check_model(model, full_check=False)
     return {"linear_fp8": len([n for n in sites.linear if n in by_name]), "attention_fp8": attention_fp8, "scales": scales}
 
 
@@ -273,7 +274,7 @@ def _initializer_users(graph: Any) -> dict[str, int]:
 def inspect_fp8_placement(model: Any) -> dict[str, Any]:
     """Counts and ``violations`` (empty when the placement holds) of an FP8 graph: which linear layers
     and attention matmuls take E4M3 Q/DQ, and no FP8 Q/DQ before LayerNorm, Softmax or a residual Add."""
-    onnx = require("onnx", "inspecting ONNX graphs")
+    require("onnx", "inspecting ONNX graphs")
     from onnx import TensorProto, numpy_helper
 
     index = GraphIndex.of(model)
@@ -319,7 +320,6 @@ def inspect_fp8_placement(model: Any) -> dict[str, Any]:
                     if _from_softmax(index, index.producer[fp8_dq[i].input[0]].input[0]):
                         value = float(numpy_helper.to_array(inits[fp8_dq[i].input[1]]).reshape(-1)[0])
                         softmax_fixed += int(abs(value - SOFTMAX_SCALE) <= 1e-3 * SOFTMAX_SCALE)
-    del onnx
     return {"linear_layers": linear_total, "linear_fp8": linear_fp8, "attention_matmuls": attn_total, "attention_fp8": attn_fp8,
             "softmax_fixed_scale": softmax_fixed, "fp8_layers": layers,
             "attention": "fp8" if attn_total and attn_fp8 == attn_total else ("float" if attn_fp8 == 0 else "mixed"),

@@ -176,3 +176,12 @@ def test_debug_precision_fp8_ranks_and_its_recipe_reproduces(digits_bundle, copy
     assert recipe["precision"] == "fp8" and recipe["method"] == "max" and "nodes" in recipe["keep_float"]
     record = _calibrate(path, "--recipe", report["recipe_file"], "--samples", "64", "--eval-limit", "120")
     assert record["evaluation"]["gate"]["passed"] and record["kept_float"] == recipe["keep_float"]["nodes"]
+
+
+def test_calibrate_refuses_options_of_the_other_precision(digits_bundle) -> None:
+    runner = CliRunner()
+    for args, why in ((["--precision", "fp8", "--method", "entropy"], "max, percentile"), (["--precision", "fp8", "--sweep"], "INT8 only"),
+                      (["--precision", "fp8", "--smooth", "layernorm"], "INT8 only"), (["--fp8-attention", "float"], "fp8 only")):
+        out = runner.invoke(main, ["calibrate", str(digits_bundle.root), *args])
+        assert out.exit_code != 0 and why in out.output and "Traceback" not in out.output, (args, out.output)
+    assert not (digits_bundle.root / "model.fp8.onnx").exists()

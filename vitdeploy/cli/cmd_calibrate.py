@@ -77,8 +77,14 @@ def command(bundle, precision, fp8_attention, data, method, samples, exclude_op_
     if precision != "int8":
         return _calibrate_fp8(bundle, fp8_attention, data, method, samples, eval_data, eval_limit, max_drop, min_agreement, min_cosine,
                               threads, as_json, given=[flag for flag, value in (("--exclude-op-types", exclude_op_types), ("--exclude-blocks", exclude_blocks),
-                                                                               ("--exclude-roles", exclude_roles), ("--sweep", sweep)) if value],
+                                                                               ("--exclude-roles", exclude_roles), ("--sweep", sweep),
+                                                                               ("--smooth", smooth != "auto"),
+                                                                               ("--target", target != "tensorrt")) if value],
                               recipe_file=recipe_file)
+    if fp8_attention != "fp8":
+        from vitdeploy.errors import UserError
+
+        raise UserError("--fp8-attention applies to --precision fp8 only")
     from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
     from vitdeploy.calibration.evaluate import Gate
     from vitdeploy.calibration.exclusions import Exclusions
