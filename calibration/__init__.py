@@ -1,4 +1,4 @@
-"""vitdeploy.calibration: INT8 for ViTs, decided in the ONNX graph and measured on real data.
+"""vitdeploy.calibration: INT8 and FP8 for ViTs, decided in the ONNX graph and measured on real data.
 
 * :mod:`.sources` - calibration data (image folder, .npy, digits split) at the graph's input contract;
 * :mod:`.settings` - how each target wants its Q/DQ graph (TensorRT, the CPU variant);
@@ -10,6 +10,9 @@
 * :mod:`.evaluate` - accuracy / agreement in reference (fake-quant) and CPU int8 executions;
 * :mod:`.sweep` - methods x exclusion sets, the table and the choice;
 * :mod:`.api` - ``calibrate_bundle``, what ``vitdeploy calibrate`` calls;
+* :mod:`.fp8` - FP8 (E4M3) Q/DQ for ViTs: activation amax, placement (linear layers, attention), inspection;
+* :mod:`.fp8_api` - ``calibrate_fp8_bundle``, what ``vitdeploy calibrate --precision fp8`` calls (gated as INT8);
+* :mod:`.fp8_debug` - debug-precision's FP8 trials (a subset of the sites in E4M3, the rest in float);
 * :mod:`.legacy_trt` - calibration batches and device memory for TensorRT < 11's entropy calibrator;
 * :mod:`.debug_precision` - ``vitdeploy debug-precision``: which parts must stay in higher precision;
 * :mod:`.precision_units` - the units debug-precision ranks, and how one trial graph is scored;

@@ -240,7 +240,12 @@ def debug_precision(path: str | Path, options: DebugOptions | None = None, log: 
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; debug-precision writes its recipe and reports into a bundle folder")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vitdeploy-debug-precision.") as tmp:
-        trials = (Int8Trials if opts.precision == "int8" else Fp16Trials)(bundle, opts, Path(tmp), log)
+        if opts.precision == "fp8":
+            from .fp8_debug import Fp8Trials
+
+            trials = Fp8Trials(bundle, opts, Path(tmp), log, _labelled_data(bundle, opts))
+        else:
+            trials = (Int8Trials if opts.precision == "int8" else Fp16Trials)(bundle, opts, Path(tmp), log)
         units = trials.units
         log(f"{len(units['cells'])} cells, {len(units['blocks'])} blocks, {len(units['roles'])} roles on "
             f"{trials.data.name} ({len(trials.data.images)} images)")

@@ -172,4 +172,8 @@ def bundle_placement(bundle: Any, precision: str) -> dict[str, Any]:
         from vitdeploy.exporters.fp16 import inspect_fp16_placement
 
         return inspect_fp16_placement(path, extra_fp32_ops=record.get("user_kept_fp32_op_types", []))
+    if precision == "fp8":
+        from .fp8 import inspect_fp8_placement
+
+        return inspect_fp8_placement(require("onnx").load(str(path)))
     raise ValueError(f"no placement policy for {precision} graphs")

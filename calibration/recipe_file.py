@@ -7,9 +7,11 @@ One JSON file per recipe (``reports/precision-recipe-<precision>.json`` by defau
   quantizes exactly that recipe (no ladder) and gates it as usual;
 * fp16: ``{"format", "precision": "fp16", "keep_fp32": ["blocks.2/mlp-fc2", "Gelu", ...]}`` - what
   ``vitdeploy convert BUNDLE --precision fp16 --keep-fp32 ITEMS`` takes (op types, modules, cells),
-  or ``convert --recipe FILE``.
+  or ``convert --recipe FILE``;
+* fp8: ``{"format", "precision": "fp8", "method", "attention", "keep_float": {"blocks", "nodes"}}`` -
+  ``vitdeploy calibrate BUNDLE --precision fp8 --recipe FILE`` leaves those nodes in float.
 
-Both also carry how they were found (gate, data, the measurements) for the reader; commands read
+Each also carries how they were found (gate, data, the measurements) for the reader; commands read
 only the fields above. Module names and ``MODULE/ROLE`` cells (``blocks.2/mlp-fc2``) are resolved
 against the graph at use, so a recipe moves to a re-export of the same model.
 """

@@ -19,12 +19,13 @@ from vitdeploy.errors import UsageError
 
 
 def test_entries_give_the_files_order_and_gates():
-    assert precisions.NAMES == ("fp32", "fp16", "int8")
-    assert precisions.BEST_ORDER == ("int8", "fp16", "fp32")
-    assert precisions.REDUCED == ("int8", "fp16")
-    assert ARTIFACT_FILES == {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx", "cpu": "model.cpu.onnx"}
-    assert precisions.DERIVED_ARTIFACTS == ("fp16", "int8", "cpu")
-    assert [precisions.get(n).gate for n in precisions.NAMES] == ["exact", "reduced", "reduced"]
+    assert precisions.NAMES == ("fp32", "fp16", "int8", "fp8")
+    assert precisions.BEST_ORDER == ("fp8", "int8", "fp16", "fp32")
+    assert precisions.REDUCED == ("fp8", "int8", "fp16")
+    assert ARTIFACT_FILES == {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx", "fp8": "model.fp8.onnx",
+                              "cpu": "model.cpu.onnx"}
+    assert precisions.DERIVED_ARTIFACTS == ("fp16", "int8", "fp8", "cpu")
+    assert [precisions.get(n).gate for n in precisions.NAMES] == ["exact", "reduced", "reduced", "reduced"]
     assert precisions.best_of(["fp32", "fp16"]) == "fp16" and precisions.best_of([]) is None
     # "cpu" is a backend variant of the fp32 graph, not a precision
     assert "cpu" not in precisions.NAMES and precisions.computes_in("cpu") == "fp32" and precisions.computes_in("int8") == "int8"
@@ -42,17 +43,17 @@ def test_tensorrt_flags_per_version():
 
 
 def test_a_new_entry_reaches_orders_choices_and_flags(monkeypatch):
-    """What one more entry gives without touching the readers (issue 39's fp8, as a stand-in only)."""
-    fp8 = precisions.Precision(name="fp8", artifact="model.fp8.onnx", graph_dtypes=("float8e4m3fn", "float16", "float32"),
-                               passes=("calibrate",), make_hint="create it with `vitdeploy calibrate --precision fp8`", rank=3,
-                               gate="reduced", min_trt=(10, 0), min_compute_capability=(8, 9))
-    registry = precisions.REGISTRY + (fp8,)
+    """What one more entry gives without touching the readers (a hypothetical fp4, as a stand-in only)."""
+    fp4 = precisions.Precision(name="fp4", artifact="model.fp4.onnx", graph_dtypes=("float4e2m1", "float16", "float32"),
+                               passes=("calibrate",), make_hint="create it with `vitdeploy calibrate --precision fp4`", rank=9,
+                               gate="reduced", min_trt=(10, 8), min_compute_capability=(10, 0))
+    registry = precisions.REGISTRY + (fp4,)
     order = tuple(p.name for p in sorted(registry, key=lambda p: -p.rank))
-    assert order[0] == "fp8" and fp8.builder_flags((10, 3)) == ()
-    assert fp8.why_not_on((10, 3), (8, 7)) == "fp8 needs compute capability 8.9 or later"
-    assert fp8.why_not_on((8, 6), (9, 0)) == "fp8 needs TensorRT 10.0 or later"
+    assert order[0] == "fp4" and fp4.builder_flags((10, 8)) == ()
+    assert fp4.why_not_on((10, 8), (9, 0)) == "fp4 needs compute capability 10.0 or later"
+    assert fp4.why_not_on((10, 3), (10, 0)) == "fp4 needs TensorRT 10.8 or later"
     monkeypatch.setattr(precisions, "REGISTRY", registry)
-    assert precisions.writers_text() == "fp32 and fp16 (export, convert) and int8 (calibrate) and fp8 (calibrate)"
+    assert precisions.writers_text() == "fp32 and fp16 (export, convert), int8 and fp8 and fp4 (calibrate)"
 
 
 def test_cli_choices_come_from_the_registry():
@@ -62,7 +63,7 @@ def test_cli_choices_come_from_the_registry():
     assert choice["build-engine"] == [*precisions.NAMES, "best"]
     for name in ("predict", "embed", "serve", "triton-repo"):
         assert choice[name] == ["best", *precisions.NAMES], name
-    assert choice["convert"] == ["fp16", "int8"] and choice["debug-precision"] == list(precisions.REDUCED)
+    assert choice["convert"] == ["fp16", "int8", "fp8"] and choice["debug-precision"] == list(precisions.REDUCED)
     assert isinstance(params["debug-precision"]["precision"].type, click.Choice) and params["debug-precision"]["precision"].required
 
 
@@ -70,7 +71,7 @@ def test_export_refusals_name_the_passes():
     refuse_export_precisions(["fp32", "fp16"])
     with pytest.raises(UsageError, match=r"^export writes fp32 and fp16 graphs; int8 needs calibration images"):
         refuse_export_precisions(["fp32", "int8"])
-    with pytest.raises(UsageError, match=r"it writes fp32 and fp16 \(export, convert\) and int8 \(calibrate\)$"):
+    with pytest.raises(UsageError, match=r"it writes fp32 and fp16 \(export, convert\), int8 and fp8 \(calibrate\)$"):
         refuse_export_precisions(["bf16"])
 
 
@@ -96,6 +97,7 @@ def test_engine_records_carry_the_best_order(bundle):
     opened = Bundle.open(bundle.root)
     opened.record_engine("gpu-trt10.3-int8", {"dir": "engines/gpu-trt10.3-int8", "precision": "int8"})
     manifest = json.loads((bundle.root / "manifest.json").read_text())
-    assert manifest["precisions"] == {"best_order": ["int8", "fp16", "fp32"],
-                                      "files": {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}}
+    assert manifest["precisions"] == {"best_order": ["fp8", "int8", "fp16", "fp32"],
+                                      "files": {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx",
+                                                "fp8": "model.fp8.onnx"}}
     assert manifest["engines"]["gpu-trt10.3-int8"]["precision"] == "int8"

@@ -115,6 +115,17 @@ REGISTRY: Tuple[Precision, ...] = (
         weak_builder_flags=("INT8", "FP16"), weak_trtexec_flags=("--int8", "--fp16"), legacy_needs_calibration=True, dla=True,
         gpu_peak_dtype="fp16",
     ),
+    Precision(
+        # explicit E4M3 Q/DQ (per-tensor scales, amax/448) on the linear layers and, where the target's fused
+        # attention takes FP8, on Q, K, V and the softmax output; the rest as the fp16 graph keeps it
+        # (calibration/fp8.py). Strongly typed only: TensorRT's explicit quantization is meant with strong
+        # typing and no precision flags ("Explicit Quantization", https://docs.nvidia.com/deeplearning/tensorrt/
+        # latest/inference-library/quantized-types-explicit-quantization.html), which exist from 10.0; FP8
+        # tensor cores from compute capability 8.9 (Ada; Hopper 9.0, Blackwell and Thor above). DLA has no FP8.
+        name="fp8", artifact="model.fp8.onnx", graph_dtypes=("float8e4m3fn", "float16", "float32"), passes=("calibrate",),
+        make_hint="create it with `vitdeploy calibrate --precision fp8`", rank=3, gate="reduced",
+        min_trt=(10, 0), min_compute_capability=(8, 9), dla=False, gpu_peak_dtype="fp16",
+    ),
 )
 
 VARIANTS: Tuple[Variant, ...] = (
@@ -154,6 +165,11 @@ def choices(best: bool = False, best_first: bool = True) -> Tuple[str, ...]:
     return (BEST,) + NAMES if best_first else NAMES + (BEST,)
 
 
+def calibrated() -> Tuple[str, ...]:
+    """The precisions `calibrate` writes (its --precision choices), in registry order."""
+    return tuple(p.name for p in REGISTRY if "calibrate" in p.passes)
+
+
 def best_of(available) -> Optional[str]:  # available: any container of names
     """The highest-ranked precision among ``available``, None when there is none."""
     return next((n for n in BEST_ORDER if n in available), None)
@@ -166,14 +182,17 @@ def listing(names=NAMES, word: str = "and") -> str:
 
 
 def writers_text() -> str:
-    """What writes each precision, as the refusals say it: 'fp32 and fp16 (export, convert) and int8 (calibrate)'."""
+    """What writes each precision, as the refusals say it, grouped by the passes that write them:
+    'fp32 and fp16 (export, convert), int8 and fp8 (calibrate)'."""
     exported = [p for p in REGISTRY if p.exported]
     passes = []
     for p in exported:
         passes += [s for s in p.passes if s not in passes]
-    parts = [f"{' and '.join(p.name for p in exported)} ({', '.join(passes)})"]
-    parts += [f"{p.name} ({', '.join(p.passes)})" for p in REGISTRY if not p.exported]
-    return " and ".join(parts)
+    groups: Dict[str, list] = {", ".join(passes): [p.name for p in exported]} if exported else {}
+    for p in REGISTRY:
+        if not p.exported:
+            groups.setdefault(", ".join(p.passes), []).append(p.name)
+    return ", ".join(f"{' and '.join(names)} ({writers})" for writers, names in groups.items())
 
 
 def manifest_record() -> Dict[str, object]:

@@ -56,6 +56,8 @@ def executions(bundle: Bundle, precision: str) -> list[tuple[str, str, bool]]:
     """
     if precision == "cpu":
         return [("onnxruntime (fused attention)", "all", True)]
+    if precision == "fp8":  # E4M3 Q/DQ: ONNX Runtime's CPU runs them exactly, no FP8 kernels to fuse them into
+        return [("reference (fake-quant)", "basic", True)]
     if precision != "int8":
         return [("onnxruntime", "all", True)]
     target = bundle.artifact_record("int8").get("target", "tensorrt")

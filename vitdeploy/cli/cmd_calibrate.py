@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from vitdeploy import precisions
+
 from .common import command, echo_json, graph_memory_line, split_csv
 from .options import gate_options, json_option
 
@@ -15,7 +17,11 @@ from .options import gate_options, json_option
 @click.option("--data", default=None,
               help="Calibration images: a folder (any sizes, resized by the model's rule), a uint8 [N,H,W,3] .npy at the input size, a .npz (its images), "
                    "or digits:train (the default for the builtin digits bundle).")
-@click.option("--method", type=click.Choice(["entropy", "minmax", "percentile"]), default=None,
+@click.option("--precision", "precision", type=click.Choice(precisions.calibrated()), default=precisions.calibrated()[0], show_default=True,
+              help="The graph to calibrate: int8 (model.int8.onnx) or fp8 (model.fp8.onnx, E4M3; methods max, percentile).")
+@click.option("--fp8-attention", type=click.Choice(["fp8", "float"]), default="fp8", show_default=True,
+              help="FP8 only: Q/DQ on Q, K, V and the softmax output (fp8: TensorRT's fused FP8 attention) or none (float: fp16 attention).")
+@click.option("--method", type=click.Choice(["entropy", "minmax", "percentile", "max"]), default=None,
               help="How activation ranges are chosen from the calibration data. Default: entropy, and when held-out data "
                    "is below the gate, the next recipe (percentile, minmax, then fewer layers in INT8) until one passes.")
 @click.option("--samples", type=click.IntRange(min=1), default=512, show_default=True,
@@ -43,9 +49,9 @@ from .options import gate_options, json_option
               help="A recipe file from `vitdeploy debug-precision --precision int8`: exactly that method, target, smoothing and "
                    "layers kept in float (no ladder), gated as usual.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime threads for calibration and scoring.")
-@json_option("the int8 record")
-def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exclude_roles, sweep, sweep_methods, target, eval_data, eval_limit,
-            gate, smooth, smooth_alpha, recipe_file, threads, as_json):
+@json_option("the record (int8 or fp8)")
+def command(bundle, precision, fp8_attention, data, method, samples, exclude_op_types, exclude_blocks, exclude_roles, sweep, sweep_methods, target,
+            eval_data, eval_limit, gate, smooth, smooth_alpha, recipe_file, threads, as_json):
     """Write BUNDLE/model.int8.onnx: explicit Q/DQ on the linear layers, calibrated and measured.
 
     Q/DQ goes on the inputs of MatMul/Gemm/Conv (symmetric int8 activations, per-channel int8
@@ -66,6 +72,17 @@ def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exc
       vitdeploy calibrate vits-bundle --data ./calib --eval-data ./val --smooth layernorm --smooth-alpha 0.6 --method entropy
       vitdeploy calibrate vits-bundle --data ./calib --eval-data ./val --recipe vits-bundle/reports/precision-recipe-int8.json
     """
+    if precision != "int8":
+        return _calibrate_fp8(bundle, fp8_attention, data, method, samples, eval_data, eval_limit, gate,
+                              threads, as_json, given=[flag for flag, value in (("--exclude-op-types", exclude_op_types), ("--exclude-blocks", exclude_blocks),
+                                                                               ("--exclude-roles", exclude_roles), ("--sweep", sweep),
+                                                                               ("--smooth", smooth != "auto"),
+                                                                               ("--target", target != "tensorrt")) if value],
+                              recipe_file=recipe_file)
+    if fp8_attention != "fp8":
+        from vitdeploy.errors import UserError
+
+        raise UserError("--fp8-attention applies to --precision fp8 only")
     from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
     from vitdeploy.calibration.exclusions import Exclusions
     from vitdeploy.console import get_console
@@ -98,6 +115,37 @@ def command(bundle, data, method, samples, exclude_op_types, exclude_blocks, exc
         echo_json(record)
         return
     click.echo(_summary(record))
+    click.echo(graph_memory_line(record))
+
+
+def _calibrate_fp8(bundle, attention, data, method, samples, eval_data, eval_limit, gate, threads, as_json, given,
+                   recipe_file=None):
+    from vitdeploy.calibration.fp8_api import Fp8Options, calibrate_fp8_bundle
+    from vitdeploy.errors import UserError
+
+    if given:
+        raise UserError(f"{', '.join(given)}: INT8 only; FP8 takes --method max|percentile and --fp8-attention")
+    keep: tuple[str, ...] = ()
+    if recipe_file is not None:  # what `debug-precision --precision fp8` found: method, attention, the sites kept in float
+        from vitdeploy.calibration.recipe_file import read_recipe
+
+        if method:
+            raise UserError("--recipe sets the method; drop --method")
+        recipe = read_recipe(recipe_file, "fp8")
+        method, attention = recipe.get("method"), recipe.get("attention", attention)
+        keep = tuple((recipe.get("keep_float") or {}).get("nodes") or ())
+    options = Fp8Options(data=data, samples=samples, method=method, attention=attention, eval_data=eval_data, eval_limit=eval_limit, keep=keep,
+                         gate=gate, threads=threads)
+    record = calibrate_fp8_bundle(bundle, options)
+    if as_json:
+        echo_json(record)
+        return
+    ev = (record.get("evaluation") or {}).get("reference") or {}
+    lin = record["linear_layers"]
+    click.echo(f"model.fp8.onnx: E4M3 Q/DQ on {lin['fp8']}/{lin['total']} linear layers and {record['attention']['fp8']}/"
+               f"{record['attention']['matmuls']} attention matmuls ({record['method']})"
+               + (f"; accuracy {ev['accuracy']:.2%}, top-1 agreement {ev['top1_agreement']:.2%}, cosine p1 {ev['cosine_p1']:.4f}"
+                  if ev.get("accuracy") is not None else ""))
     click.echo(graph_memory_line(record))
 
 

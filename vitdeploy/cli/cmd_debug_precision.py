@@ -71,8 +71,8 @@ def command(bundle, precision, data, samples, eval_data, eval_limit, method, smo
     click.echo(f"keep in higher precision: {kept}; {precision} layers {result['reduced_layers']}, agreement "
                f"{result['top1_agreement']:.2%}, logit cosine p1 {result['cosine_p1']:.4f}: {'passes' if result['passed'] else 'fails'}")
     click.echo(f"recipe: {report['recipe_file']} (report {report['json']}, plot {report['png']})")
-    if precision == "int8":
-        click.echo(f"reproduce: vitdeploy calibrate {bundle} --recipe {report['recipe_file']}"
+    if precision != "fp16":  # the calibrated precisions take the recipe file itself
+        click.echo(f"reproduce: vitdeploy calibrate {bundle} --precision {precision} --recipe {report['recipe_file']}"
                    + (f" --data {data}" if data else "") + (f" --eval-data {eval_data}" if eval_data else ""))
     else:
         from vitdeploy.calibration.recipe_file import fp16_keep, read_recipe

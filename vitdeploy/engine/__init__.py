@@ -13,6 +13,7 @@ Nothing here imports TensorRT at import time; ``builder`` and the runtime import
 - ``parser_rules``: what each TensorRT's ONNX parser accepts, as data;
 - ``lint``: the nodes a given parser cannot take, with their source;
 - ``lowering``: a bundle graph rewritten for TensorRT 8.5/8.6's parser (opset 17), verified with ONNX Runtime;
+- ``fp8_target``: whether a target fuses FP8 attention (the plan's note), compute capability parsing;
 - ``dla``: DLA feasibility report from the ONNX graph alone;
 - ``jetpack``: the JetPack / Jetson Linux / CUDA / TensorRT / module / DLA matrix as data;
 - ``targets``: named Jetson targets (``jp6.2-orin-nano``) read from that matrix, and the on-device install check;

@@ -318,6 +318,10 @@ def _qdq_rules(node: Any, attrs: dict[str, Any], inputs: list[str], consts: dict
             add(node, f"{op} with a UINT8 zero point", "only symmetric INT8 quantization (UINT8 Q/DQ is refused)")
         elif zp in consts and np.any(consts[zp] != 0):
             add(node, f"{op} zero point not zero", "TensorRT only supports symmetric quantization: the zero point must be all zeros")
+    fp8 = 17  # onnx.TensorProto.FLOAT8E4M3FN
+    quantized = [t for t in (inputs[0] if op == "DequantizeLinear" else "", zp or "") if t]
+    if not rules.fp8_qdq and any(types.get(t) == fp8 for t in quantized):
+        add(node, f"{op} with FP8 (float8e4m3fn)", f"TensorRT {rules.key}'s ONNX parser takes INT8 Q/DQ only (FP8 from the 9.x/10.x parsers)")
     scale = inputs[1] if len(inputs) > 1 else ""
     if scale in consts and not np.all(consts[scale] > 0):
         add(node, f"{op} scale not positive", "scale coefficients must all be positive")

@@ -95,6 +95,10 @@ class ParserRules:
     notes: tuple[str, ...] = field(default=())
     pad_axes_constant: bool = True  # Pad ``axes`` must be an initializer (tensor axes from 10.4)
     block_quantization: bool = False  # Q/DQ ``block_size`` (INT4/FP4 blocks; operators.md of 10.14+)
+    # FP8 (float8e4m3fn) Q/DQ: onnx-tensorrt docs/operators.md of the TensorRT 9.2 parser lists "DequantizeLinear |
+    # INT8, FP8" (and FP8 among MatMul/Gemm types), so every 10.x base has it; the 8.5/8.6 importers are INT8 only
+    # (their operators.md lists no FP8 type; not re-read line by line: unconfirmed for 8.6)
+    fp8_qdq: bool = False
     inferred: bool = False  # facts of the nearest stored parser source below this version
     changes: tuple[str, ...] = field(default=())  # what was applied on top of the base, with its source
 
@@ -140,7 +144,7 @@ RULES: dict[str, ParserRules] = {
         source=f"{ONNX_TENSORRT} branch 10.1-GA: docs/operators.md, onnxOpImporters.cpp, ModelImporter.cpp",
         opset_min=9, opset_max=20, importers=_OPS_101, expands_functions=True,
         reduce_axes_input=True, pad_axes_input=True, resize_opset18_attrs=True, uint8_io_only=True,
-        qdq_zero_point_required=False, slice_axes_constant=True, gridsample_modes=_GRID_10,
+        qdq_zero_point_required=False, slice_axes_constant=True, gridsample_modes=_GRID_10, fp8_qdq=True,
     ),
 }
 

@@ -294,14 +294,15 @@ def choose_precision(requested: str, available: Sequence[str], legacy: bool, has
     if legacy:  # the fp32 graph with builder flags: the best precision the flags (and the calibrator's data) reach
         return next(p for p in precisions.BEST_ORDER if precisions.get(p).weak_builder_flags
                     and (has_calibration or not precisions.get(p).legacy_needs_calibration))
-    best = precisions.best_of(available)
+    best = precisions.best_of(available)  # the caller passes only the graphs the target runs
     if best is not None:
         return best
     raise UserError("the bundle has no graph to build; re-export it with `vitdeploy export`")
 
 
-def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePlan:
-    """Validate ``options`` against the bundle's graph and the TensorRT ``caps``; return the plan."""
+def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities, compute_capability: tuple[int, int] | None = None) -> EnginePlan:
+    """Validate ``options`` against the bundle's graph and the TensorRT ``caps`` (and the target's
+    ``compute_capability`` when known: a Jetson target's row); return the plan."""
     from ..fileio import sha256_file
 
     notes: list[str] = []
@@ -317,11 +318,27 @@ def make_plan(bundle: Any, options: PlanOptions, caps: Capabilities) -> EnginePl
             "--calib-data/--calib-cache feed the legacy INT8 calibrator; add --legacy-precision, or drop them: "
             "the bundle's int8 graph carries its own Q/DQ scales"
         )
-    precision = choose_precision(options.precision, bundle.precisions(), options.legacy_precision, has_calib)
+    trt = (caps.trt_version.major, caps.trt_version.minor)
+    on_dla = options.dla_core is not None
+    runs_here = [p for p in bundle.precisions() if precisions.get(p).why_not_on(trt, compute_capability, on_dla) is None]
+    precision = choose_precision(options.precision, runs_here, options.legacy_precision, has_calib)
 
     # Which graph, which path, which flags
     entry = precisions.get(precision)
-    trt = (caps.trt_version.major, caps.trt_version.minor)
+    why_not = entry.why_not_on(trt, compute_capability)  # DLA refusals below name what DLA runs
+    if why_not is not None:
+        where = f"TensorRT {caps.version}" + (f" on SM {compute_capability[0]}.{compute_capability[1]}" if compute_capability else "")
+        raise ConfigError(f"{why_not}; {where} cannot build the {precision} graph (choose another --precision or target)")
+    if "float8e4m3fn" in entry.graph_dtypes:
+        from .fp8_target import attention_note
+
+        record = bundle.artifact_record(precision) if bundle.bare_onnx is None else {}
+        spec = bundle.spec
+        notes.append(attention_note((record.get("attention") or {}).get("placement"), trt, compute_capability,
+                                    head_dim=spec.embed_dim // spec.num_heads))
+    if options.legacy_precision and precision != precisions.REFERENCE and not entry.weak_builder_flags:
+        raise ConfigError(f"--legacy-precision builds the fp32 graph with precision flags, and {precision} has none: "
+                          f"drop --legacy-precision to build the {precision} graph strongly typed")
     if options.legacy_precision:
         path, source_precision = PATH_LEGACY, precisions.REFERENCE
         flags = entry.builder_flags(trt)

@@ -137,7 +137,10 @@ def run(request: BuildEngineRequest, log: Any = None) -> BuildEngineOutcome:
     made: list[str] = []
     if not request.lint:
         made = _make_missing_fp16(bundle, options, log)
-    plan = portable.apply(make_plan(bundle, options, caps), options, caps)
+    from .fp8_target import parse_cc
+
+    cc = parse_cc(target.module.compute_capability) if target is not None and target.module is not None else None
+    plan = portable.apply(make_plan(bundle, options, caps, cc), options, caps)
     if target is not None:
         relevant = ("tensorrt", "compute_capability") + (("dla_cores",) if options.dla_core is not None or request.dla_report else ())
         target_notes += [f"not confirmed by a stored source: {u}" for u in target.unconfirmed(relevant)]
