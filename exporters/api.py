@@ -64,6 +64,8 @@ class ExportOptions:
     normalize_embedding: bool = False  # L2-normalise the embedding output inside the graph
     # weights above this many bytes go to model.onnx.data (vitdeploy.onnx_io); None: the env var or 1 GiB
     external_data_threshold: int | None = None
+    # --merge-tokens: r merged per block, or one r per block (exporters/token_merge.py); None: no merging
+    merge_tokens: str | tuple[int, ...] | None = None
 
 
 def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: ExportOptions | None = None,
@@ -71,6 +73,10 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     """Export ``source`` into the bundle folder ``out_dir`` and verify it against PyTorch."""
     opts = options or ExportOptions()
     _validate_outputs(opts)
+    if opts.merge_tokens is not None:
+        from .token_merge import refuse_merge_options
+
+        refuse_merge_options(opts)
     if opts.variable_size:
         from .variable_export import export_variable_size
 
@@ -86,6 +92,10 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         raise UserError(f"--normalize-embedding applies to the embedding output, which this export does not write "
                         f"(outputs {','.join(outputs)}); add --outputs {','.join(outputs)},embedding")
     variant, resolution = _variant(loaded, opts)
+    if opts.merge_tokens is not None:  # the merged model is the graph's reference (verification, `check`)
+        from .token_merge import merge_variant
+
+        variant = merge_variant(variant, opts.merge_tokens, resolution, log)
     log_weights(loaded, log)  # after the checks above: a refusal stays one line
     head = f"{loaded.spec.num_classes} classes" if loaded.spec.num_classes else "no classification head (a backbone)"
     log(f"source {loaded.source['kind']}:{loaded.source['name']} - {loaded.spec.depth} blocks, d={loaded.spec.embed_dim}, "
@@ -142,6 +152,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
                 "patch_embed": patch_embed_tensors(proto) if opts.input_format == "uint8-nhwc" else None,
                 **{f"simplify_{k}": v for k, v in simplify_record.items()},
         })
+        if variant.extra.get("token_merge"):
+            manifest["token_merge"] = variant.extra["token_merge"]
         if opts.external_data_threshold is not None:  # the bundle's later passes follow the same rule
             manifest["storage"] = {onnx_io.MANIFEST_KEY: int(opts.external_data_threshold)}
         # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights
