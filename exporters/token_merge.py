@@ -13,7 +13,7 @@ their size, so a merged token counts as the patches it replaced. The CLS read-ou
 
 Every shape is static (r is a constant per block), and the graph uses ops every target parses: the
 similarity is a MatMul, the best partner a ReduceMax/ArgMax, the ranking a TopK with constant k, the
-kept and merged tokens GatherElements, and the merge a one-hot MatMul (Equal + Cast + MatMul) rather
+kept and merged tokens GatherElements, and the merge a one-hot MatMul (Equal + Where + MatMul) rather
 than a ScatterElements with reduction, which TensorRT 8.5 does not parse.
 
 Sequence order after a merge: [prefix, A tokens kept (most similar first), B tokens].
@@ -54,8 +54,9 @@ def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int
     weighted_a = _gather_rows(x[:, prefix::2] * size_a, merged)
     merged_size = _gather_rows(size_a, merged)
     # one-hot [B, |B|, r]: which B token each merged A token joins; its product sums them in
-    into = (_gather_rows(partner.unsqueeze(-1), merged).transpose(1, 2)
-            == torch.arange(count_b, device=x.device).view(1, count_b, 1)).to(x.dtype)
+    # (Where on two constants, not a Cast to float: the fp16 pass then makes the one-hot fp16 with x)
+    into = torch.where(_gather_rows(partner.unsqueeze(-1), merged).transpose(1, 2)
+                       == torch.arange(count_b, device=x.device).view(1, count_b, 1), x.new_ones(()), x.new_zeros(()))
     sum_b = x[:, prefix + 1::2] * size_b + into @ weighted_a
     new_size_b = size_b + into @ merged_size
     x = torch.cat([x[:, :prefix], _gather_rows(x[:, prefix::2], kept), sum_b / new_size_b], dim=1)
