@@ -106,7 +106,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     against = Reference(sets, ref_out, ref_acc, opts)
     merge = None
     if bundle.manifest.get("token_merge") and bundle.bare_onnx is None:  # issue 40: the merge's price vs the unmerged model
-        from vitdeploy.exporters.token_merge import merge_price
+        from vitdeploy.exporters.token_merge_price import merge_price
 
         merge = merge_price(bundle, judged, ref_out, opts.batch, opts.threads, log)
 
