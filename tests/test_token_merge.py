@@ -220,3 +220,35 @@ def test_deit_s_distilled_decreasing_schedule_graph_matches_merged_reference(exp
     _graph_vs_reference(bundle, schedule)
     assert bundle.manifest["token_merge"]["tokens_per_block"][-1] == 198 - sum(schedule)
     assert bundle.manifest["records"]["export_check"]["passed"]
+
+
+# -- profile --merge-tokens ------------------------------------------------------------------------
+def test_profile_plans_one_cell_per_r_with_merged_costs(digits_bundle):
+    from vitdeploy.profile import SweepConfig, plan_cells
+    from vitdeploy.profile.sweep import cell_cost
+
+    config = SweepConfig(batches=[1, 4], backends=["ort", "torch"], precisions=["fp32"], merge_tokens=[0, 4, 8], iterations=3)
+    cells = plan_cells(digits_bundle, config)
+    ort = [c for c in cells if c.backend == "ort"]
+    assert [(c.merge, c.batch) for c in ort] == [(0, 1), (0, 4), (4, 1), (4, 4), (8, 1), (8, 4)]
+    assert all(c.skip_reason and "--merge-tokens" in c.skip_reason for c in cells if c.backend == "torch")
+    macs = [cell_cost(digits_bundle, c, None).macs_total for c in ort if c.batch == 1]
+    assert macs[0] == vit_costs(digits_bundle.spec).macs_total and macs[0] > macs[1] > macs[2]
+    assert "r4" in ort[2].label
+    with pytest.raises(UserError, match="can merge at most"):
+        plan_cells(digits_bundle, SweepConfig(merge_tokens=[0, 40], iterations=3))
+
+
+@pytest.mark.slow
+def test_profile_merge_sweep_with_accuracy(digits_bundle, copy_bundle):
+    from vitdeploy.profile import SweepConfig, profile_bundle
+
+    root = copy_bundle(digits_bundle)
+    config = SweepConfig(batches=[8], precisions=["fp32"], merge_tokens=[0, 4], iterations=6, rounds=2, warmup=1, threads=1)
+    outcome = profile_bundle(root, config, accuracy="digits:test")
+    rows = {r["merge_r"]: r for r in outcome.result.rows}
+    assert set(rows) == {0, 4} and all(r["status"] == "ok" for r in rows.values())
+    assert rows[4]["graph"].startswith("variants/32x32-r4") and rows[0]["graph"] == "model.onnx"
+    assert rows[4]["macs"] < rows[0]["macs"] and rows[4]["agreement_unmerged"] > 0.9 and rows[0]["accuracy"] > 0.9
+    header = (root / "reports" / "profile.csv").read_text().splitlines()[0].split(",")
+    assert "merge_r" in header and "agreement_unmerged" in header and outcome.paths.get("png") is not None

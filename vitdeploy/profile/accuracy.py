@@ -114,8 +114,9 @@ def write_accuracy_plot(result: SweepResult, target: str | Path) -> Path | None:
     for name, group in groups.items():
         xs = np.array([r["p50_ms"] / r["batch"] for r in group])
         ys = np.array([r["accuracy"] * 100 for r in group])
-        err = np.array([[y - r["accuracy_ci95_low"] * 100 for y, r in zip(ys, group)],
-                        [r["accuracy_ci95_high"] * 100 - y for y, r in zip(ys, group)]])
+        # clipped at 0: at 100% (or 0%) the Wilson bound equals the accuracy up to rounding, which may be -1e-14
+        err = np.maximum(np.array([[y - r["accuracy_ci95_low"] * 100 for y, r in zip(ys, group)],
+                                   [r["accuracy_ci95_high"] * 100 - y for y, r in zip(ys, group)]]), 0.0)
         ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=name, alpha=0.85)
         for x, y, r in zip(xs, ys, group):
             merge = f" r{r['merge_r']}" if r.get("merge_r") is not None else ""
