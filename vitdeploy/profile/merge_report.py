@@ -71,7 +71,7 @@ def write_merge_plot(result: Any, ok: list[dict[str, Any]], target: str | Path, 
     ax_speed.legend(fontsize=7)
     ax_acc.set_xlabel("r (tokens merged per block)")
     ax_acc.set_ylabel("%")
-    ax_acc.set_title("accuracy (--accuracy) and agreement with the unmerged graph")
+    ax_acc.set_title("accuracy (--accuracy), agreement with r=0")
     ax_acc.grid(alpha=0.3)
     if ax_acc.lines:
         ax_acc.legend(fontsize=7)
