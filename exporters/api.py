@@ -69,6 +69,8 @@ class ExportOptions:
     normalize_embedding: bool = False  # L2-normalise the embedding output inside the graph
     # weights above this many bytes go to model.onnx.data (vitdeploy.onnx_io); None: the env var or 1 GiB
     external_data_threshold: int | None = None
+    # --merge-tokens: r merged per block, or one r per block (exporters/token_merge.py); None: no merging
+    merge_tokens: str | tuple[int, ...] | None = None
 
 
 def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: ExportOptions | None = None,
@@ -81,6 +83,10 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
                  "verify %s", opts.opset, opts.input_format, ",".join(opts.precisions), opts.resolution or "the source's",
                  opts.dynamic_resolution, opts.resize, opts.simplify, f"on {opts.check_images} images" if opts.check else "off")
     _validate_outputs(opts)
+    if opts.merge_tokens is not None:
+        from .token_merge import refuse_merge_options
+
+        refuse_merge_options(opts)
     if opts.variable_size:
         from .variable_export import export_variable_size
 
@@ -102,6 +108,10 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
                  "--resolution" if opts.resolution else "nominal size of a dynamic-resolution graph" if opts.dynamic_resolution
                  else "the source preprocessing's size (the position table is resampled to it)"
                  if [resolution["height"], resolution["width"]] != resolution["native"] else "the model's native size")
+    if opts.merge_tokens is not None:  # the merged model is the graph's reference (verification, `check`)
+        from .token_merge import merge_variant
+
+        variant = merge_variant(variant, opts.merge_tokens, resolution, log)
     log_weights(loaded, log)  # after the checks above: a refusal stays one line
     # the manifest's outputs decide classifier vs embedding model (vitdeploy.manifest.is_embedding_model)
     head = model_kind(outputs, embedding_dim(loaded) if "embedding" in outputs else None, loaded.spec.num_classes)
@@ -164,6 +174,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
                 "patch_embed": patch_embed_tensors(proto) if opts.input_format == "uint8-nhwc" else None,
                 **{f"simplify_{k}": v for k, v in simplify_record.items()},
         })
+        if variant.extra.get("token_merge"):
+            manifest["token_merge"] = variant.extra["token_merge"]
         if opts.external_data_threshold is not None:  # the bundle's later passes follow the same rule
             manifest["storage"] = {onnx_io.MANIFEST_KEY: int(opts.external_data_threshold)}
         # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights

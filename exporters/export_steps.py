@@ -98,8 +98,9 @@ def torch_module_names(loaded: LoadedModel) -> list[str]:
 
 
 # -- re-loading a bundle's source -------------------------------------------------------------------
-def loaded_for_bundle(bundle: Bundle, resolution: tuple[int, int] | None = None) -> LoadedModel:
-    """The bundle's PyTorch model, with the same weights and resolution handling as its graph."""
+def loaded_for_bundle(bundle: Bundle, resolution: tuple[int, int] | None = None, merged: bool = True) -> LoadedModel:
+    """The bundle's PyTorch model, with the same weights and resolution handling as its graph (and its
+    token merging, exporters/token_merge.py, unless ``merged`` is False: the model the merge approximates)."""
     # the same weights (recorded revision, checkpoint or seed; sha256 checked) or one line why not;
     # the source's own labels: `check` compares the bundle's with them
     loaded = load_source(bundle.manifest["source"])
@@ -108,4 +109,9 @@ def loaded_for_bundle(bundle: Bundle, resolution: tuple[int, int] | None = None)
     if res["mode"] == "dynamic":
         return make_dynamic(loaded, interp)
     height, width = resolution or (res["height"], res["width"])
-    return regrid_static(loaded, height, width, interp)
+    loaded = regrid_static(loaded, height, width, interp)
+    if merged and bundle.manifest.get("token_merge"):
+        from .token_merge import merged_for_bundle
+
+        loaded = merged_for_bundle(bundle.manifest, loaded, height, width)
+    return loaded

@@ -21,26 +21,33 @@ from .api import ExportOptions, export
 VARIANTS = "variants"
 
 
-def graph_for(bundle: Bundle, precision: str, height: int, width: int, log: Callable[[str], None] = lambda _m: None) -> Path:
-    """The bundle's graph of ``precision`` that runs at height x width (exported once, then cached)."""
+def graph_for(bundle: Bundle, precision: str, height: int, width: int, log: Callable[[str], None] = lambda _m: None,
+              merge: int | None = None) -> Path:
+    """The bundle's graph of ``precision`` that runs at height x width (exported once, then cached);
+    ``merge``: the graph that merges r tokens per block (--merge-tokens; 0: unmerged), under variants/HxW-rR/."""
     bundle.spec.grid(height, width)  # refuses sizes the patch does not tile
     res = bundle.resolution
-    if res["mode"] == "dynamic" or (res["height"], res["width"]) == (height, width):
+    if merge is None and (res["mode"] == "dynamic" or (res["height"], res["width"]) == (height, width)):
         return bundle.artifact_path(precision)
+    if merge is not None and res["mode"] == "dynamic":
+        raise UserError("--merge-tokens re-exports static graphs; this bundle has a dynamic resolution (export it with --resolution)")
     if bundle.preprocessing.get("in_graph_resize"):
         raise UserError("this bundle resizes every input to its model resolution inside the graph; "
                         "export with --dynamic-resolution to compare resolutions")
     if bundle.bare_onnx is not None:
         raise UserError("other resolutions of a bare ONNX file need its bundle folder (variants are cached there)")
-    variant = _variant_bundle(bundle, height, width, log)
+    variant = _variant_bundle(bundle, height, width, log, merge)
     if precision not in variant.precisions():
         _add_precision(bundle, variant, precision, log)
         variant = Bundle.open(variant.root)
     return variant.artifact_path(precision)
 
 
-def _variant_bundle(bundle: Bundle, height: int, width: int, log: Callable[[str], None]) -> Bundle:
-    root = bundle.root / VARIANTS / f"{height}x{width}"
+def _variant_bundle(bundle: Bundle, height: int, width: int, log: Callable[[str], None], merge: int | None = None) -> Bundle:
+    root = bundle.root / VARIANTS / (f"{height}x{width}" + (f"-r{merge}" if merge is not None else ""))
+    # a merged parent's resolution variants merge by its schedule; --merge-tokens cells by their own r
+    own = (bundle.manifest.get("token_merge") or {}).get("schedule")
+    schedule = str(merge) if merge is not None else (",".join(map(str, own)) if own else None)
     parent_sha = bundle.artifact_record("fp32").get("sha256")
     if (root / "manifest.json").is_file():
         variant = Bundle.open(root)
@@ -61,6 +68,7 @@ def _variant_bundle(bundle: Bundle, height: int, width: int, log: Callable[[str]
         # the same outputs as the parent graph (a features bundle profiles its features)
         outputs=tuple((bundle.manifest.get("graph") or {}).get("outputs") or ()) or None,
         normalize_embedding=bool(((bundle.manifest.get("graph") or {}).get("output_details") or {}).get("embedding", {}).get("l2_normalized")),
+        merge_tokens=schedule if schedule not in (None, "0") else None,
     )
     contract = bundle.variable_size
     if contract:  # a variable-size bundle's variant is the same two-input graph with another canvas
@@ -68,7 +76,8 @@ def _variant_bundle(bundle: Bundle, height: int, width: int, log: Callable[[str]
 
         options = replace(options, resolution=None, variable_size=True, canvas=(height, width),
                           variable_policy=contract.get("host_policy", "fit-within"), outputs=None, normalize_embedding=False)
-    log(f"exporting a {height}x{width} variant of {bundle.root.name} (position table re-interpolated)")
+    log(f"exporting a {height}x{width} variant of {bundle.root.name} (position table re-interpolated"
+        + (f", {merge} tokens merged per block)" if merge is not None else ")"))
     variant = export(source, root, options)
     variant.manifest["variant_of"] = parent_sha
     variant.save()

@@ -250,3 +250,88 @@ def largest_square_that_fits(spec: ViTSpec, budget_bytes: int, batch: int = 1) -
         else:
             hi = mid
     return lo * step or None
+
+
+# -- token merging (issue 40; exporters/token_merge.py) -------------------------------------------
+# Bolya et al., "Token Merging: Your ViT But Faster", ICLR 2023 (https://arxiv.org/abs/2210.09461).
+# Block i attends over L_i tokens and merges r_i of them after its attention, so its MLP and every
+# later block see L_i - r_i. The merge itself costs, per block: the cosine similarity of the
+# ceil(n/2) x floor(n/2) patch-key pairs (n patch tokens, key width d), and the one-hot matrix
+# product that adds the r merged tokens and their sizes into their partners (r x floor(n/2) x (d+1)).
+def parse_merge_schedule(text: str | int | list[int] | tuple[int, ...] | None, depth: int) -> tuple[int, ...]:
+    """'8' -> (8,) * depth; '8,8,4,...' (one per block) -> that tuple; None or '0' -> all zeros."""
+    from .errors import UsageError
+
+    if text is None:
+        return (0,) * depth
+    if isinstance(text, int):
+        items = [text]
+    elif isinstance(text, str):
+        try:
+            items = [int(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise UsageError(f"--merge-tokens takes r (tokens merged per block) or one r per block, comma-separated; "
+                             f"got {text!r}") from None
+    else:
+        items = [int(t) for t in text]
+    if not items or any(r < 0 for r in items):
+        raise UsageError(f"--merge-tokens takes non-negative token counts, got {text!r}")
+    if len(items) == 1:
+        return (items[0],) * depth
+    if len(items) != depth:
+        raise UsageError(f"--merge-tokens gives {len(items)} values but the model has {depth} blocks: give one r for "
+                         f"every block, or a single r for all")
+    return tuple(items)
+
+
+def merged_patch_counts(spec: ViTSpec, schedule: tuple[int, ...], height: int | None = None, width: int | None = None) -> list[int]:
+    """Patch tokens entering each block (and, last, leaving the encoder); refuses a schedule that would
+    merge more than half of a block's patch tokens (the A set holds at most that many)."""
+    from .errors import UserError
+
+    gh, gw = spec.grid(height or spec.image_size[0], width or spec.image_size[1])
+    counts = [gh * gw]
+    for index, r in enumerate(schedule):
+        n = counts[-1]
+        if r > n // 2:
+            raise UserError(f"--merge-tokens: block {index} has {n} patch tokens and can merge at most {n // 2} "
+                            f"(half of them), not r={r}; choose a smaller r or a decreasing schedule")
+        counts.append(n - r)
+    return counts
+
+
+@dataclass(frozen=True)
+class MergeCosts:
+    schedule: tuple[int, ...]
+    tokens_per_block: tuple[int, ...]  # L entering each block (prefix tokens included); the last: L out
+    macs_merge: int  # the merge itself, all blocks: similarity + one-hot sum
+    macs_total: int  # the merged model, merge included
+    macs_unmerged: int
+    macs_saved: int
+    predicted_speedup: float  # unmerged MACs / merged MACs
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["schedule"], data["tokens_per_block"] = list(self.schedule), list(self.tokens_per_block)
+        return data
+
+
+def merge_costs(spec: ViTSpec, schedule: tuple[int, ...], height: int | None = None, width: int | None = None,
+                batch: int = 1) -> MergeCosts:
+    """The MACs of the merged model, per the chapter's convention (see the module doc) plus the merge's terms."""
+    base = vit_costs(spec, height, width, batch)
+    counts = merged_patch_counts(spec, tuple(schedule), height, width)
+    prefix, d, b, rho = spec.num_prefix_tokens, spec.embed_dim, batch, spec.mlp_ratio
+    mlp_mats = _mlp_mats(spec)
+    total, merge = base.macs_patch_embed + base.macs_head, 0
+    for n, r in zip(counts, schedule):
+        length, after = n + prefix, n + prefix - r
+        attention_part = 4 * b * length * d * d + 2 * b * length * length * d
+        mlp_part = int(round(mlp_mats * b * after * rho * d * d))
+        if r:
+            na, nb = (n + 1) // 2, n // 2
+            merge += b * na * nb * d + b * r * nb * (d + 1)
+        total += attention_part + mlp_part
+    total += merge
+    return MergeCosts(tuple(schedule), tuple(c + prefix for c in counts), merge, total, base.macs_total,
+                      base.macs_total - total, base.macs_total / total)

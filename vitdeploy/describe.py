@@ -68,6 +68,10 @@ def inspect_report(target: str) -> dict[str, Any]:
         "weights": weights_record(bundle.manifest.get("source")),
         "costs": costs_table(bundle.spec, [size], 1)[0].to_dict(),
     }
+    if bundle.manifest.get("token_merge"):  # issue 40: the merged graph's own token counts and MACs
+        from .costs import merge_costs
+
+        report["token_merge"] = merge_costs(bundle.spec, tuple(bundle.manifest["token_merge"]["schedule"]), *size).to_dict()
     return report
 
 
@@ -129,6 +133,34 @@ def print_inspect(report: dict[str, Any]) -> None:
     c = report["costs"]
     table.add_row("cost", f"N={c['num_patches']}, L={c['seq_len']}, {c['macs_total'] / 1e9:.3f} GMACs ({c['flops_total'] / 1e9:.3f} GFLOPs), "
                   f"attention {c['attention_share']:.1%}, params {c['params'] / 1e6:.2f}M" + _position_cost(c))
+    if report.get("token_merge"):
+        table.add_row("token merging", merge_line(report["token_merge"]))
+    get_console().print(table)
+
+
+def merge_line(m: dict[str, Any]) -> str:
+    """The merge schedule, the tokens entering each block and the MACs it saves (vitdeploy.costs.merge_costs)."""
+    schedule = m["schedule"]
+    r = f"r={schedule[0]} per block" if len(set(schedule)) == 1 else f"r={','.join(map(str, schedule))}"
+    return (f"{r}; tokens per block {','.join(map(str, m['tokens_per_block']))}; {m['macs_total'] / 1e9:.3f} GMACs of "
+            f"{m['macs_unmerged'] / 1e9:.3f} unmerged (saves {m['macs_saved'] / m['macs_unmerged']:.1%}; the merge itself "
+            f"{m['macs_merge'] / 1e9:.4f} GMACs); cost-model speed-up {m['predicted_speedup']:.2f}x")
+
+
+def print_merge_costs(spec: ViTSpec, schedules: list[tuple[int, ...]], height: int, width: int, batch: int) -> None:
+    """`costs --merge-tokens`: tokens per block and MACs of each schedule against the unmerged model."""
+    from rich.table import Table
+
+    from .costs import merge_costs
+
+    table = Table(title=f"token merging at {height}x{width}, batch {batch} (ToMe; MACs include the merge itself)")
+    for col in ("r per block", "tokens per block (in -> out)", "GMACs", "merge GMACs", "saved", "predicted speed-up"):
+        table.add_column(col, justify="right")
+    for schedule in schedules:
+        m = merge_costs(spec, schedule, height, width, batch)
+        table.add_row(",".join(map(str, schedule)) if len(set(schedule)) > 1 else str(schedule[0]),
+                      " ".join(map(str, m.tokens_per_block)), f"{m.macs_total / 1e9:.3f}", f"{m.macs_merge / 1e9:.4f}",
+                      f"{m.macs_saved / m.macs_unmerged:.1%}", f"{m.predicted_speedup:.2f}x")
     get_console().print(table)
 
 

@@ -14,7 +14,8 @@ families, and nothing else, is asked of its adapter:
   (the library call each output equals, written into the manifest);
 - modules: ``module_names`` (blocks, final norm, head: what `check` localises and what recipes name;
   the quantization roles themselves are found from the graph's structure, calibration/exclusions.py);
-- variable size: ``variable_parts`` (the masked forward's steps), or ``variable_size_refusal``.
+- variable size: ``variable_parts`` (the masked forward's steps), or ``variable_size_refusal``;
+- token merging: ``token_merge_blocks`` (whose blocks the merge wraps, or None: refused).
 
 Adapters register themselves with :func:`register_family` (as timm's ``register_model`` does); the
 loaders find them with :func:`timm_adapter` and :func:`hf_adapter`, never by testing names.
@@ -39,6 +40,9 @@ class FamilyAdapter:
     dynamic_refusal: ClassVar[str | None] = None
     # None: --variable-size works; else the one-line reason it is refused
     variable_size_refusal: ClassVar[str | None] = "its encoder has no key-mask path here"
+    # whose blocks `export --merge-tokens` wraps (exporters/token_merge.py): "timm" (timm's pre-norm Block) or
+    # "reference" (vitdeploy.model); None: merging is refused for this family
+    token_merge_blocks: ClassVar[str | None] = None
 
     # -- positions ---------------------------------------------------------------------------------
     def regrid_static(self, loaded: Any, height: int, width: int, interp: Any) -> Any:

@@ -15,6 +15,7 @@ from .base import FamilyAdapter, register_family
 @register_family
 class ReferenceViT(FamilyAdapter):
     name = "reference-vit"
+    token_merge_blocks = "reference"
     library = "vitdeploy"
     variable_size_refusal = None
 

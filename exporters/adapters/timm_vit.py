@@ -24,6 +24,7 @@ from .timm_common import TimmFamily, mlp_shape, rebuild_timm
 class TimmViT(TimmFamily):
     name = "timm-vit"
     variable_size_refusal = None
+    token_merge_blocks = "timm"
 
     @classmethod
     def claims(cls, model: Any) -> bool:

@@ -114,6 +114,11 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     for name, acc in ref_acc.items():
         log(f"PyTorch fp32 accuracy on {name}: {acc:.2%}")
     against = Reference(sets, ref_out, ref_acc, opts)
+    merge = None
+    if bundle.manifest.get("token_merge") and bundle.bare_onnx is None:  # issue 40: the merge's price vs the unmerged model
+        from vitdeploy.exporters.token_merge_price import merge_price
+
+        merge = merge_price(bundle, judged, ref_out, opts.batch, opts.threads, log)
 
     artifacts, failures = [], []
     for precision in precisions:
@@ -182,6 +187,7 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
                       **({"mode": reference.info.details["reference"]} if reference.per_image else {})},
         "artifacts": artifacts,
         "protocol": protocol,
+        **({"token_merge": merge} if merge else {}),
         "failures": failures,
         "passed": not failures,
     }

@@ -46,10 +46,13 @@ from .common import command, parse_model_args, split_csv
               help="Write a graph whose weights exceed SIZE (e.g. 512MiB, 1GiB; 0: always) with its weights in <graph>.onnx.data "
                    "beside it; recorded, so the bundle's later passes (fp16, int8, CPU and TensorRT 8.x graphs) follow it. "
                    "Default: $VITDEPLOY_EXTERNAL_DATA_THRESHOLD, else 1GiB (graphs near protobuf's 2 GiB limit always).")
+@click.option("--merge-tokens", "merge_tokens", metavar="R|R1,R2,...",
+              help="Token merging (ToMe, Bolya et al. 2023): merge R patch tokens in every block after attention, or one R per "
+                   "block; static shapes, verified against the merged PyTorch model (docs/TOKEN_MERGING.md).")
 def command(source, out_dir, checkpoint, random_init, num_classes, model_args, labels_file, resolution, dynamic_resolution, resize,
             variable_size, canvas, variable_policy, channel_order,
             input_format, pos_interp, align_corners, antialias, precision, keep_fp32, fp16_data, no_simplify, no_check, check_images,
-            outputs, normalize_embedding, external_data):
+            outputs, normalize_embedding, external_data, merge_tokens):
     """Export SOURCE to a bundle: ONNX that takes raw uint8 images, with preprocessing, labels and spec bound in.
 
     SOURCE is builtin:digits (default); timm:<name>[.<tag>][@<revision>] or timm:hf-hub:<org>/<name>
@@ -71,6 +74,7 @@ def command(source, out_dir, checkpoint, random_init, num_classes, model_args, l
       vitdeploy export -o digits-feat --outputs logits,probs,embedding,patch_grid --normalize-embedding
       vitdeploy export hf:facebook/dinov2-small -o dinov2 --dynamic-resolution   # no head: embedding,patch_grid
       vitdeploy export timm:vit_huge_patch14_224 -o vith --external-data-threshold 0   # model.onnx + model.onnx.data
+      vitdeploy export timm:vit_base_patch16_224 -o vitb-tome --merge-tokens 8   # 197 -> 101 tokens
     """
     from vitdeploy.exporters import ExportOptions, export
     from vitdeploy.onnx_io import parse_size
@@ -103,6 +107,7 @@ def command(source, out_dir, checkpoint, random_init, num_classes, model_args, l
         outputs=outputs,
         normalize_embedding=normalize_embedding,
         external_data_threshold=parse_size(external_data) if external_data is not None else None,
+        merge_tokens=merge_tokens,
     )
     bundle = export(source, out_dir, options)  # progress lines: the exporter's loggers (vitdeploy -v/-q)
     click.echo(f"bundle written: {bundle.root} ({', '.join(bundle.precisions())})")

@@ -43,6 +43,9 @@ from ..remote.cli import on_device
 @click.option("--accuracy", "accuracy_data", default=None, metavar="SOURCE",
               help="Also score each (backend, precision, resolution) on labelled data (digits:test, DIR/<class>/<image>, .npz): "
                    "accuracy columns and reports/profile_accuracy.png (accuracy against latency).")
+@click.option("--merge-tokens", "merge_tokens", default=None, metavar="R1,R2,...",
+              help="Token merging trade-off: one graph per r (tokens merged in every block; 0 = unmerged), re-exported from the "
+                   "bundle's source and timed on ort; with --accuracy also each r's accuracy and agreement with r=0.")
 @click.option("--wide", is_flag=True, help="Every column and every cell in the table (default: fits 120 columns, skipped cells in one line).")
 @click.option("--layers", "layers", is_flag=True,
               help="Per-layer TensorRT profile of the bundle's engine: trtexec --exportProfile/--exportLayerInfo (run here, or the "
@@ -54,7 +57,7 @@ from ..remote.cli import on_device
 @click.option("--trtexec", "trtexec_path", metavar="PATH", help="With --layers: the trtexec to run (default: on PATH, else /usr/src/tensorrt/bin/trtexec).")
 def command(bundle, resolutions, fills, batches, precisions, backends, iterations, duration, rounds, warmup, threads, pin, device, torch_modes,
             cv_threshold, out_dir, no_plot, as_json, plain_graph, wide, accuracy_data, layers, engine, layer_profile, layer_info,
-            trtexec_log, trtexec_path):
+            trtexec_log, trtexec_path, merge_tokens):
     """Latency and throughput across resolutions, batch sizes, precisions and backends, beside the cost model.
 
     Each cell gets its own runner load (start-up = load to first result), a warm-up, then a fixed
@@ -83,6 +86,7 @@ def command(bundle, resolutions, fills, batches, precisions, backends, iteration
       vitdeploy profile digits-bundle --resolutions 24,32,48 --precision fp32,int8 --accuracy digits:test
       vitdeploy profile vitb --backend torch --device cuda --precision fp16 --batch 1,8,64 --torch-mode eager,cuda-graph,compile
       vitdeploy profile digits-variable --fill 1.0,0.5,0.25 --batch 1,8 --backend ort,torch
+      vitdeploy profile digits-bundle --merge-tokens 0,2,4,8 --accuracy digits:test --rounds 5 --iterations 50
       vitdeploy profile vitb --layers --batch 8                      # on the device, after build-engine --profile-layers
       vitdeploy profile vitb --layers --layer-profile prof.json --layer-info layers.json --trtexec-log run.log
     """
@@ -112,6 +116,7 @@ def command(bundle, resolutions, fills, batches, precisions, backends, iteration
         torch_modes=split_csv(torch_modes) or None,
         cv_threshold=cv_threshold,
         fused_cpu=not plain_graph,
+        merge_tokens=_merge_values(merge_tokens) if merge_tokens is not None else None,
     )
     outcome = profile_bundle(bundle, config, out_dir=out_dir, plot=not no_plot, progress_console=get_console(stderr=True),
                              accuracy=accuracy_data)
@@ -124,6 +129,10 @@ def command(bundle, resolutions, fills, batches, precisions, backends, iteration
             from ..profile.accuracy import render_accuracy
 
             render_accuracy(result, get_console())
+        if merge_tokens is not None:
+            from ..profile.merge_report import render_merge_table
+
+            render_merge_table(result, get_console())
         for kind, path in outcome.paths.items():
             click.echo(f"{kind}: {path}")
     failed = result.failed
@@ -152,3 +161,14 @@ def _layers(bundle, engine, layer_profile, layer_info, trtexec_log, trtexec_path
             click.echo(f"{kind}: {path}")
     if outcome.exit_code:
         ctx.exit(outcome.exit_code)
+
+
+def _merge_values(text: str) -> list[int]:
+    """--merge-tokens 0,4,8,12 -> [0, 4, 8, 12] (0 is the unmerged graph every speed-up is taken against)."""
+    try:
+        values = [int(v) for v in split_csv(text)]
+    except ValueError:
+        values = []
+    if not values or any(v < 0 for v in values):
+        raise click.BadParameter(f"--merge-tokens takes comma-separated r values >= 0, e.g. 0,4,8,12; got {text!r}")
+    return list(dict.fromkeys(values))

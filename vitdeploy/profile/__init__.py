@@ -11,6 +11,7 @@ each cell beside the analytic cost (chapter §39.5) and the machine's measured G
     variable.py       variable-size bundles: fill-ratio sizes (declared rule), the masked PyTorch forward
     tegrastats.py     Jetson telemetry: tegrastats parser and sampler, nvpmodel / jetson_clocks state
     report.py         terminal table + progress bar, reports/profile.csv / .json / .png
+    merge_report.py   --merge-tokens: the latency/accuracy trade-off table and plot against the cost model's speed-up
     layers.py         trtexec's per-layer exports parsed (--exportProfile, --dumpProfile, --exportLayerInfo)
     layer_modules.py  TensorRT layers -> the ViT's PyTorch modules through the ONNX node names; time per block
     layer_report.py   --layers: which ViT block costs what inside a TensorRT engine

@@ -47,14 +47,15 @@ def add_accuracy(bundle: Bundle, result: SweepResult, source: str, config: Sweep
     pre = bundle.preprocessing
     if pre.get("input", "uint8-nhwc") != "uint8-nhwc":
         raise UserError("--accuracy feeds uint8 NHWC images; this graph takes another input format")
-    keys = sorted({(r["backend"], r["precision"], r["height"], r["width"]) for r in result.rows if r["status"] == "ok"})
+    keys = sorted({_key(r) for r in result.rows if r["status"] == "ok"}, key=lambda k: tuple(-1 if v is None else v for v in k))
     data_by_size: dict[tuple[int, int], Any] = {}
-    scores: dict[tuple[str, str, int, int], dict[str, Any]] = {}
-    for backend, precision, h, w in keys:
+    scores: dict[tuple[Any, ...], dict[str, Any]] = {}
+    predictions: dict[tuple[Any, ...], np.ndarray] = {}  # top-1 per key: agreement of merged graphs with the unmerged one
+    for backend, precision, h, w, merge in keys:
         if (h, w) not in data_by_size:
             data_by_size[(h, w)] = open_labelled(source, (h, w), pre, bundle.labels or None, limit)
         data = data_by_size[(h, w)]
-        cell = Cell(backend, precision, h, w, batch)
+        cell = Cell(backend, precision, h, w, batch, merge=merge)
         try:
             make, _graph = runner_factory(bundle, cell, config, threads)
             runner = make()
@@ -63,14 +64,19 @@ def add_accuracy(bundle: Bundle, result: SweepResult, source: str, config: Sweep
             finally:
                 runner.close()
         except VitDeployError as exc:
-            scores[(backend, precision, h, w)] = {"error": str(exc)}
+            scores[(backend, precision, h, w, merge)] = {"error": str(exc)}
             continue
+        predictions[(backend, precision, h, w, merge)] = logits.argmax(-1)
         correct = int((logits.argmax(-1) == data.labels).sum())
         lo, hi = wilson(correct, len(data))
-        scores[(backend, precision, h, w)] = {"accuracy": correct / len(data), "accuracy_ci95_low": lo, "accuracy_ci95_high": hi,
+        scores[(backend, precision, h, w, merge)] = {"accuracy": correct / len(data), "accuracy_ci95_low": lo, "accuracy_ci95_high": hi,
                                               "accuracy_n": len(data)}
+    for key, top1 in predictions.items():  # --merge-tokens: how often the merged graph agrees with the unmerged (r=0) one
+        unmerged = predictions.get(key[:4] + (0,))
+        if key[4] is not None and unmerged is not None:
+            scores[key]["agreement_unmerged"] = float((top1 == unmerged).mean())
     for row in result.rows:
-        score = scores.get((row["backend"], row["precision"], row["height"], row["width"]))
+        score = scores.get(_key(row))
         if score and "accuracy" in score:
             row.update(score)
         elif score:
@@ -81,6 +87,11 @@ def add_accuracy(bundle: Bundle, result: SweepResult, source: str, config: Sweep
                       "by the manifest's host-resize rule; 95% Wilson intervals"}
     result.config["accuracy"] = record
     return record
+
+
+def _key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What accuracy belongs to: backend, precision, size, and the merge r of a --merge-tokens cell."""
+    return (row["backend"], row["precision"], row["height"], row["width"], row.get("merge_r"))
 
 
 def write_accuracy_plot(result: SweepResult, target: str | Path) -> Path | None:
@@ -103,11 +114,13 @@ def write_accuracy_plot(result: SweepResult, target: str | Path) -> Path | None:
     for name, group in groups.items():
         xs = np.array([r["p50_ms"] / r["batch"] for r in group])
         ys = np.array([r["accuracy"] * 100 for r in group])
-        err = np.array([[y - r["accuracy_ci95_low"] * 100 for y, r in zip(ys, group)],
-                        [r["accuracy_ci95_high"] * 100 - y for y, r in zip(ys, group)]])
+        # clipped at 0: at 100% (or 0%) the Wilson bound equals the accuracy up to rounding, which may be -1e-14
+        err = np.maximum(np.array([[y - r["accuracy_ci95_low"] * 100 for y, r in zip(ys, group)],
+                                   [r["accuracy_ci95_high"] * 100 - y for y, r in zip(ys, group)]]), 0.0)
         ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=name, alpha=0.85)
         for x, y, r in zip(xs, ys, group):
-            ax.annotate(f"{r['height']}x{r['width']} b{r['batch']}", (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+            merge = f" r{r['merge_r']}" if r.get("merge_r") is not None else ""
+            ax.annotate(f"{r['height']}x{r['width']}{merge} b{r['batch']}", (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel("p50 latency per image, ms (call latency / batch; log scale)")
     ax.set_ylabel("top-1 accuracy, %")
@@ -131,15 +144,18 @@ def render_accuracy(result: SweepResult, console: Any) -> None:
     if not rows:
         return
     table = Table(title="accuracy per cell (--accuracy)", title_justify="left")
-    for name in ("backend", "precision", "size", "accuracy % (95% CI)", "n", "best p50 ms/img"):
+    merges = any(r.get("merge_r") is not None for r in rows)
+    for name in ("backend", "precision", "size", "accuracy % (95% CI)", "n", "best p50 ms/img") + (("agree r0",) if merges else ()):
         table.add_column(name, justify="right" if name not in ("backend", "precision") else "left")
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in rows:
-        key = (r["backend"], r["precision"], r["height"], r["width"])
+        key = _key(r)
         per_image = r["p50_ms"] / r["batch"]
         if key not in seen or per_image < seen[key]["per_image"]:
             seen[key] = {**r, "per_image": per_image}
-    for (backend, precision, h, w), r in seen.items():
-        table.add_row(backend, precision, f"{h}x{w}", f"{r['accuracy'] * 100:.2f} ({r['accuracy_ci95_low'] * 100:.1f}-"
-                      f"{r['accuracy_ci95_high'] * 100:.1f})", str(r["accuracy_n"]), f"{r['per_image']:.3f}")
+    for (backend, precision, h, w, merge), r in seen.items():
+        agree = (f"{r['agreement_unmerged']:.2%}" if r.get("agreement_unmerged") is not None else "-",) if merges else ()
+        table.add_row(backend, precision, f"{h}x{w}" + (f" r{merge}" if merge is not None else ""),
+                      f"{r['accuracy'] * 100:.2f} ({r['accuracy_ci95_low'] * 100:.1f}-"
+                      f"{r['accuracy_ci95_high'] * 100:.1f})", str(r["accuracy_n"]), f"{r['per_image']:.3f}", *agree)
     console.print(table)

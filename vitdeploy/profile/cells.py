@@ -35,11 +35,18 @@ class CellRunner:
     feeds: Callable[[Runner], Feeds]  # the cell's input, from the loaded runner's own input type
 
 
-def graph_path(bundle: Bundle, precision: str, height: int, width: int) -> Path:
+def graph_path(bundle: Bundle, precision: str, height: int, width: int, merge: int | None = None) -> Path:
     """The ONNX graph that runs a cell: the bundle's own for a dynamic graph or the native size of a
-    static one; otherwise a re-export at that size, cached in the bundle by the exporters."""
+    static one; otherwise a re-export at that size, cached in the bundle by the exporters. ``merge``
+    (--merge-tokens): the graph merging r tokens per block, a re-export unless it is the bundle's own."""
     res = bundle.resolution
     native = (int(res.get("height", bundle.spec.image_size[0])), int(res.get("width", bundle.spec.image_size[1])))
+    if merge is not None:
+        own = tuple((bundle.manifest.get("token_merge") or {}).get("schedule") or (0,) * bundle.spec.depth)
+        if (height, width) != native or own != (merge,) * bundle.spec.depth:
+            from vitdeploy.exporters.variants import graph_for
+
+            return Path(graph_for(bundle, precision, height, width, merge=merge))
     if res.get("mode") == "dynamic" or (height, width) == native:
         return bundle.artifact_path(precision)
     from vitdeploy.exporters.variants import graph_for  # needs torch; checked in plan_cells
@@ -66,7 +73,7 @@ def runner_factory(bundle: Bundle, cell: Cell, config: SweepConfig, threads: int
     contract = contract or InputContract.from_bundle(bundle)
     if cell.backend == "ort":
         providers = select.ort_providers(config.device)
-        path = graph_path(bundle, cell.precision, cell.height, cell.width)
+        path = graph_path(bundle, cell.precision, cell.height, cell.width, cell.merge)
         if path == bundle.artifact_path(cell.precision):  # the bundle's own graph: fused on CPUs where there is one
             from ..runtime.ort import default_providers
 

@@ -47,12 +47,15 @@ class SweepConfig:
     tegrastats_interval_ms: int = 100
     probe_budget_s: float = gemm_probe.BUDGET_S
     seed: int = 0
+    merge_tokens: list[int] | None = None  # --merge-tokens 0,4,8: one re-exported graph per r (exporters/token_merge.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["resolutions"] = [list(r) for r in self.resolutions] if self.resolutions else None
         if self.fills is None:
             del data["fills"]  # single-size bundles: the record stays as it was
+        if self.merge_tokens is None:
+            del data["merge_tokens"]
         return data
 
 
@@ -67,12 +70,14 @@ class Cell:
     torch_mode: str | None = None  # torch cells: the requested mode (auto, eager, cuda-graph, compile)
     fill: float | None = None  # variable-size bundles: the share of the canvas (height x width) the images fill
     fill_actual: float | None = None  # the mean valid area / canvas area of the sizes drawn for ``fill``
+    merge: int | None = None  # --merge-tokens: r tokens merged per block in this cell's graph (None: the bundle's own)
 
     @property
     def label(self) -> str:
         backend = f"{self.backend} {self.torch_mode}" if self.torch_mode else self.backend
         fill = f" fill {self.fill:g}" if self.fill is not None else ""
-        return f"{backend} {self.precision} {self.height}x{self.width}{fill} b{self.batch}"
+        merge = f" r{self.merge}" if self.merge is not None else ""
+        return f"{backend} {self.precision} {self.height}x{self.width}{fill}{merge} b{self.batch}"
 
 
 class SkipCell(Exception):
@@ -174,6 +179,9 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
         if torch_on == "cpu" and torch_modes == ["cuda-graph"]:
             raise UserError("--torch-mode cuda-graph replays CUDA graphs and needs a GPU; torch runs on the CPU here (use eager or compile)")
 
+    merges: list[int | None] = list(config.merge_tokens) if config.merge_tokens is not None else [None]
+    if config.merge_tokens is not None:
+        check_merges(bundle, config.merge_tokens, resolutions, mixes)
     cells = []
     for backend in backends:
         for precision in precisions:
@@ -187,10 +195,13 @@ def plan_cells(bundle: Bundle, config: SweepConfig) -> list[Cell]:
                     reason = "CUDA graphs need a GPU; torch runs on the CPU here"
                 if mixes and reason is None:
                     reason = variable_skip(backend, precision, mode)
+                if merges != [None] and backend != "ort" and reason is None:
+                    reason = (f"--merge-tokens re-exports one graph per r and times it on ort; for {backend}, profile a bundle "
+                              "exported with --merge-tokens R")
                 for h, w in resolutions:
                     for fill in fills:
-                        for b in batches:
-                            cell = Cell(backend, precision, int(h), int(w), int(b), reason, mode, fill)
+                        for merge, b in ((m, b) for m in merges for b in batches):
+                            cell = Cell(backend, precision, int(h), int(w), int(b), reason, mode, fill, merge=merge)
                             if fill is not None:
                                 from .variable import achieved_fill
 
@@ -214,3 +225,33 @@ def cell_valid_hw(contract: InputContract, cell: Cell, seed: int) -> np.ndarray:
     from .variable import sizes_for_fill
 
     return sizes_for_fill((cell.height, cell.width), contract.patch, float(cell.fill), cell.batch, seed)
+
+
+# -- token merging (--merge-tokens; exporters/token_merge.py) ------------------------------------------
+def check_merges(bundle: Bundle, merges: list[int], resolutions: list[tuple[int, int]], mixes: bool) -> None:
+    """One line, before anything runs, for a merge sweep that cannot be exported."""
+    from ..costs import merged_patch_counts
+
+    if mixes:
+        raise UserError("--merge-tokens needs one static token count; a variable-size bundle has none (export a fixed --resolution)")
+    if bundle.resolution.get("mode") == "dynamic":
+        raise UserError("--merge-tokens re-exports static graphs (r is a constant per block); this bundle has a dynamic "
+                        "resolution: export it with --resolution and profile that")
+    if bundle.bare_onnx is not None:
+        raise UserError("--merge-tokens re-exports the bundle's source; a bare ONNX file needs its bundle folder")
+    if any(r < 0 for r in merges) or not merges:
+        raise UsageError(f"--merge-tokens takes r values >= 0, e.g. 0,4,8,12; got {merges}")
+    if not available("vitdeploy.exporters.variants"):
+        raise MissingDependencyError("--merge-tokens re-exports the model, which needs vitdeploy's exporters: pip install 'vitdeploy[export]'")
+    for h, w in resolutions:
+        for r in merges:
+            merged_patch_counts(bundle.spec, (r,) * bundle.spec.depth, h, w)  # refuses an r that leaves too few tokens
+
+
+def merge_schedule_for(bundle: Bundle, cell: Cell) -> tuple[int, ...] | None:
+    """The merge schedule of the graph a cell runs: r per block for a --merge-tokens cell, else the
+    bundle's own (a bundle exported with --merge-tokens), else None."""
+    if cell.merge is not None:
+        return (cell.merge,) * bundle.spec.depth if cell.merge else None
+    record = bundle.manifest.get("token_merge") if bundle.bare_onnx is None else None
+    return tuple(record["schedule"]) if record else None

@@ -95,15 +95,24 @@ VARIABLE_COLUMNS: dict[str, str] = {
 }
 
 
+# --merge-tokens sweeps (exporters/token_merge.py): this column follows ``width`` in their reports only.
+MERGE_COLUMNS: dict[str, str] = {
+    "merge_r": "--merge-tokens: tokens merged in every block of the graph timed (0: unmerged)",
+    "agreement_unmerged": "--merge-tokens with --accuracy: top-1 agreement with the unmerged (r=0) graph of the same cell",
+}
+
+
 def columns_for(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """The report's columns: :data:`COLUMNS`, with :data:`VARIABLE_COLUMNS` after ``width`` when a row has a fill."""
-    if not any(r.get("fill") is not None for r in rows):
+    """The report's columns: :data:`COLUMNS`, with :data:`VARIABLE_COLUMNS` after ``width`` when a row has a fill
+    (and :data:`MERGE_COLUMNS` when a row has a merge r)."""
+    fills, merges = any(r.get("fill") is not None for r in rows), any(r.get("merge_r") is not None for r in rows)
+    if not fills and not merges:
         return COLUMNS
     out: dict[str, str] = {}
     for name, meaning in COLUMNS.items():
         out[name] = meaning
         if name == "width":
-            out.update(VARIABLE_COLUMNS)
+            out.update({**(VARIABLE_COLUMNS if fills else {}), **(MERGE_COLUMNS if merges else {})})
     return out
 
 
@@ -176,6 +185,10 @@ def write_plot(result: SweepResult, target: str | Path) -> Path:
     ok = [r for r in result.rows if r["status"] == "ok"]
     if any(r.get("fill") is not None for r in ok):
         return _write_fill_plot(result, ok, target, Figure, FigureCanvasAgg)
+    if any(r.get("merge_r") is not None for r in ok):  # --merge-tokens: latency and accuracy against r
+        from .merge_report import write_merge_plot
+
+        return write_merge_plot(result, ok, target, Figure, FigureCanvasAgg)
     sizes = sorted({(r["height"], r["width"]) for r in result.rows}, key=lambda hw: hw[0] * hw[1])
     xpos = {hw: math.sqrt(hw[0] * hw[1]) for hw in sizes}
     batches = sorted({r["batch"] for r in ok})
@@ -341,7 +354,8 @@ def _render_compact(result: SweepResult, console: Any) -> None:
         p50 = _fmt(r.get("p50_ms"), ".2f") if ok else "[red]failed[/]"
         last = ((_fmt(r.get("device_p50_ms"), ".3f"), _fmt(r.get("gpu_mem_mb"), ".0f")) if gpu_cols
                 else (_fmt(r["attention_share"], ".0%"), _fmt(r.get("rss_added_mb"), ".0f")))
-        size = (f"{r['height']}x{r['width']}",) + ((_fmt(r.get("fill"), ".2f"),) if fills else ())
+        merge = f" r{r['merge_r']}" if r.get("merge_r") is not None else ""  # --merge-tokens
+        size = (f"{r['height']}x{r['width']}{merge}",) + ((_fmt(r.get("fill"), ".2f"),) if fills else ())
         table.add_row(
             _cell_name(r), *size, str(r["batch"]), str(r["seq_len"]), p50,
             _fmt(r.get("p99_ms"), ".2f"), cv, _fmt(r.get("throughput_ips"), ".1f"), _fmt(r["macs"] / 1e9, ".2f"),
@@ -404,7 +418,8 @@ def _render_wide(result: SweepResult, console: Any) -> None:
         elif r["status"] == "skipped":
             note = f"[dim]skipped: {note}[/]"
         # variable-size cells: canvas and fill ratio, e.g. 48x48 fill 0.5
-        size = f"{r['height']}x{r['width']}" + (f" fill {r['fill']:g}" if r.get("fill") is not None else "")
+        size = (f"{r['height']}x{r['width']}" + (f" fill {r['fill']:g}" if r.get("fill") is not None else "")
+                + (f" r{r['merge_r']}" if r.get("merge_r") is not None else ""))
         extra = (_fmt(r.get("device_p50_ms"), ".3f"), _fmt(r.get("gpu_mem_mb"), ".0f")) if gpu_cols else ()
         table.add_row(
             r["backend"] + (f" {r['torch_mode']}" if r.get("torch_mode") else ""), r["precision"], size, str(r["batch"]), str(r["seq_len"]),

@@ -76,6 +76,8 @@ def make_row(cell: Cell, cost: CostReport, graph: str | None, status: str, note:
         "attention_share": cost.attention_share,
         "crossover_seq_len": cost.crossover_seq_len,
     }
+    if cell.merge is not None:  # --merge-tokens cells: r tokens merged in every block of the graph timed
+        row["merge_r"] = cell.merge
     if cell.fill is not None:  # variable-size cells: height x width is the canvas the graph computes in full
         row.update({"canvas": f"{cell.height}x{cell.width}", "fill": cell.fill, "fill_actual": cell.fill_actual})
     if m is not None:

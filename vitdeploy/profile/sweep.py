@@ -119,7 +119,7 @@ def run_sweep(
         peaks = gemm_probe.measure_peaks(threads, set(backends), cuda, budget_s=config.probe_budget_s)
         pinned_to = cpu_affinity()
         ctx = SweepContext(bundle, contract, config, threads, peaks, gpu, tegrastats.find_tegrastats(), on_start, on_done, on_round)
-        costs = [vit_costs(spec, *(model_size or (c.height, c.width)), c.batch) for c in cells]
+        costs = [cell_cost(bundle, c, model_size) for c in cells]
         rows = run_interleaved(ctx, cells, costs) if config.rounds else run_in_turn(ctx, cells, costs)
 
     first_cost = vit_costs(spec, *(model_size or (cells[0].height, cells[0].width)), 1)
@@ -261,3 +261,21 @@ def run_cell(ctx: SweepContext, cell: Cell, cost: CostReport) -> dict[str, Any]:
     except Exception as exc:  # a runtime error (ORT, torch, TensorRT) in one cell must not end the sweep
         return make_row(cell, cost, graph, "failed", failure_note(exc))
     return make_row(cell, cost, graph, "ok", ctx.note(m), m, ctx.peak_for(m, cell), tegra)
+
+
+def cell_cost(bundle: Bundle, cell: Cell, model_size: tuple[int, int] | None) -> CostReport:
+    """The cost model's numbers for a cell; a graph that merges tokens (--merge-tokens, or a merged
+    bundle) gets the merged MACs, the merge itself included (vitdeploy.costs.merge_costs)."""
+    import dataclasses
+
+    from .plan import merge_schedule_for
+
+    height, width = model_size or (cell.height, cell.width)
+    cost = vit_costs(bundle.spec, height, width, cell.batch)
+    schedule = merge_schedule_for(bundle, cell)
+    if not schedule:
+        return cost
+    from ..costs import merge_costs
+
+    merged = merge_costs(bundle.spec, schedule, height, width, cell.batch)
+    return dataclasses.replace(cost, macs_total=merged.macs_total, flops_total=2 * merged.macs_total)
