@@ -120,6 +120,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         ArtifactCache(Path(cache.mkdir("vitdeploy-artifacts"))).prune()
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The documentation's shell examples, counted where a reader of the run sees it (issue 42): how many run in
+    tests/test_docs.py and how many say what they need (their reasons are among the skips above)."""
+    if any("test_docs" in str(arg) for arg in config.args) or not any("test_" in str(arg) for arg in config.args):
+        from doc_blocks import blocks
+
+        shell = [b for b in blocks(Path(__file__).resolve().parents[1]) if b.is_shell]
+        needs = sum(1 for b in shell if b.needs)
+        terminalreporter.write_line(f"documentation shell blocks: {len(shell) - needs} run (tests/test_docs.py), {needs} marked '# needs: ...'")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_GPU:
         return
