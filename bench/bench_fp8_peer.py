@@ -7,9 +7,10 @@ Bundles: the shipped digits model and the outlier and massive-residual stress va
   the default ladder max -> percentile, its gate on digits:test), with the attention matmuls in FP8
   and left in float;
 * ModelOpt ``python -m modelopt.onnx.quantization --quantize_mode fp8`` on the same fp32 graph and the
-  same 512 digits:train images (the seeded subset ``calibrate`` takes), with its default calibration
-  and each ``--calibration_method`` given (run from a separate venv, ``--modelopt-python``;
-  ``--calibration_eps cpu``);
+  same 512 digits:train images (the seeded subset ``calibrate`` takes): its default calibration
+  (entropy) and ``max`` with the rest in fp16 (its default), the default with ``--disable_mha_qdq``
+  (attention matmuls unquantized), and the default with the rest in fp32 (``--modelopt-variants``);
+  run from a separate venv (``--modelopt-python``), ``--calibration_eps cpu``;
 
 every graph scored on digits:test (360 images) against the bundle's fp32 graph in reference semantics
 (ONNX Runtime CPU, "basic" optimisation: the Q/DQ pairs stay, i.e. fake-quant; ORT's CPU kernels run
@@ -147,8 +148,10 @@ def vitdeploy_rows(bundle: Bundle, work: Path, ref: np.ndarray, labels: np.ndarr
     return rows
 
 
-def modelopt_rows(bundle: Bundle, work: Path, python: str | None, methods: list[str], highs: list[str],
+def modelopt_rows(bundle: Bundle, work: Path, python: str | None, variants: list[str],
                   ref: np.ndarray, labels: np.ndarray) -> list[dict[str, Any]]:
+    """``variants``: METHOD:HIGH[:no-mha] each (METHOD "default" omits --calibration_method; no-mha adds
+    --disable_mha_qdq, ModelOpt's counterpart of attention left in float)."""
     if not python:
         return []
     from vitdeploy.calibration.sources import open_source
@@ -157,32 +160,35 @@ def modelopt_rows(bundle: Bundle, work: Path, python: str | None, methods: list[
     source = open_source("digits:train", bundle, SAMPLES)
     np.savez(calib, images=source.images)
     rows = []
-    for high in highs:
-        for method in methods:
-            label = f"ModelOpt fp8 {method} (rest {high})"
-            out = work / f"{bundle.root.name}-modelopt-fp8-{method}-{high}.onnx"
-            out.unlink(missing_ok=True)
-            cmd = [python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(bundle.artifact_path("fp32")), "--quantize_mode", "fp8",
-                   "--calibration_data_path", str(calib), "--calibration_eps", "cpu", "--output_path", str(out),
-                   "--high_precision_dtype", high]
-            if method != "default":
-                cmd += ["--calibration_method", method]
-            start = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-            seconds = round(time.perf_counter() - start, 1)
-            (work / f"{out.stem}.log").write_text(done.stdout + "\n--- stderr\n" + done.stderr)
-            if done.returncode != 0 or not out.is_file():
-                tail = [ln for ln in (done.stderr or done.stdout).strip().splitlines() if ln.strip()]
-                rows.append({"graph": label, "refused": f"ModelOpt failed: {tail[-1][:200] if tail else done.returncode}", "seconds": seconds})
-                continue
-            try:
-                scored = gated(out, ref, labels)
-            except Exception as exc:  # what ORT's CPU provider cannot run, reported as it failed
-                rows.append({"graph": label, "refused": f"ORT CPU cannot run it: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
-                             "seconds": seconds, **fp8_layers(out)})
-                continue
-            rows.append({"graph": label, "path": str(out), **scored, "seconds": seconds,
-                         "calibration_images": len(source), "calibration_sha256": source.sha256[:12]})
+    for variant in variants:
+        method, high, *flags = variant.split(":")
+        no_mha = "no-mha" in flags
+        label = f"ModelOpt fp8 {method}{', --disable_mha_qdq' if no_mha else ''} (rest {high})"
+        out = work / f"{bundle.root.name}-modelopt-fp8-{method}-{high}{'-nomha' if no_mha else ''}.onnx"
+        out.unlink(missing_ok=True)
+        cmd = [python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(bundle.artifact_path("fp32")), "--quantize_mode", "fp8",
+               "--calibration_data_path", str(calib), "--calibration_eps", "cpu", "--output_path", str(out),
+               "--high_precision_dtype", high]
+        if method != "default":
+            cmd += ["--calibration_method", method]
+        if no_mha:
+            cmd.append("--disable_mha_qdq")
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        seconds = round(time.perf_counter() - start, 1)
+        (work / f"{out.stem}.log").write_text(done.stdout + "\n--- stderr\n" + done.stderr)
+        if done.returncode != 0 or not out.is_file():
+            tail = [ln for ln in (done.stderr or done.stdout).strip().splitlines() if ln.strip()]
+            rows.append({"graph": label, "refused": f"ModelOpt failed: {tail[-1][:200] if tail else done.returncode}", "seconds": seconds})
+            continue
+        try:
+            scored = gated(out, ref, labels)
+        except Exception as exc:  # what ORT's CPU provider cannot run, reported as it failed
+            rows.append({"graph": label, "refused": f"ORT CPU cannot run it: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                         "seconds": seconds, **fp8_layers(out)})
+            continue
+        rows.append({"graph": label, "path": str(out), **scored, "seconds": seconds,
+                     "calibration_images": len(source), "calibration_sha256": source.sha256[:12]})
     return rows
 
 
@@ -209,8 +215,8 @@ def main() -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/vitdeploy-bench-fp8-peer"))
     p.add_argument("--modelopt-python", default=None, help="python of a venv with nvidia-modelopt[onnx] (the peer rows)")
     p.add_argument("--kinds", default=",".join(KINDS))
-    p.add_argument("--modelopt-methods", default="default,max", help="'default' omits --calibration_method")
-    p.add_argument("--modelopt-high", default="fp16", help="--high_precision_dtype values, comma-separated")
+    p.add_argument("--modelopt-variants", default="default:fp16,max:fp16,default:fp16:no-mha,default:fp32",
+                   help="METHOD:HIGH[:no-mha], comma-separated ('default' omits --calibration_method; HIGH: --high_precision_dtype)")
     p.add_argument("--skip-vitdeploy", action="store_true")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
@@ -225,7 +231,7 @@ def main() -> int:
         rows = [{"graph": "fp32", **score(bundle.artifact_path("fp32"), ref, labels, "all"), **fp8_layers(bundle.artifact_path("fp32"))}]
         if not args.skip_vitdeploy:
             rows += vitdeploy_rows(bundle, args.work, ref, labels)
-        rows += modelopt_rows(bundle, args.work, args.modelopt_python, args.modelopt_methods.split(","), args.modelopt_high.split(","), ref, labels)
+        rows += modelopt_rows(bundle, args.work, args.modelopt_python, args.modelopt_variants.split(","), ref, labels)
         result["bundles"][kind] = rows
         for r in rows:
             log("  " + json.dumps({k: v for k, v in r.items() if k != "path"}))
