@@ -18,7 +18,8 @@ E4M3 Q/DQ at opset 19+). FP8 layers: MatMul/Gemm/Conv whose weight (input 1) com
 DequantizeLinear of a float8 tensor; "linear" when that weight traces back to a constant, "attention"
 otherwise (both inputs activations). Time to quantize: wall seconds of the whole call, same machine,
 same process run (vitdeploy's includes its fp16 base graph, range pass and gate on digits:test;
-ModelOpt's includes its interpreter start and imports).
+ModelOpt's includes its interpreter start and imports; the JSON also keeps the time ModelOpt logs for
+its quantization, "FP8 quantization completed in N seconds").
 
     .venv/bin/python bench/bench_fp8_peer.py --work /tmp/bfp8 --json bfp8.json \\
         --modelopt-python /work/modelopt-venv/bin/python
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,6 +48,7 @@ from vitdeploy.runtime.ort import OrtRunner  # noqa: E402
 
 KINDS = ("digits", "outliers", "massive")
 FLOAT8 = {17, 18, 19, 20}  # onnx.TensorProto FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ
+SCORED = ("accuracy", "top1_agreement", "cosine_p1", "finite", "passed", "linear_fp8", "attention_fp8", "refused")
 PASS_THROUGH = {"Transpose", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
 
 
@@ -187,7 +190,9 @@ def modelopt_rows(bundle: Bundle, work: Path, python: str | None, variants: list
             rows.append({"graph": label, "refused": f"ORT CPU cannot run it: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
                          "seconds": seconds, **fp8_layers(out)})
             continue
+        reported = re.search(r"quantization completed in ([0-9.]+) seconds", done.stdout + done.stderr)
         rows.append({"graph": label, "path": str(out), **scored, "seconds": seconds,
+                     "modelopt_reported_seconds": float(reported.group(1)) if reported else None,
                      "calibration_images": len(source), "calibration_sha256": source.sha256[:12]})
     return rows
 
@@ -219,7 +224,11 @@ def main() -> int:
                    help="METHOD:HIGH[:no-mha], comma-separated ('default' omits --calibration_method; HIGH: --high_precision_dtype)")
     p.add_argument("--skip-vitdeploy", action="store_true")
     p.add_argument("--json", type=Path)
+    p.add_argument("--merge", type=Path, nargs="+", help="print one table from these --json files (time: the range over the runs) and exit")
     args = p.parse_args()
+    if args.merge:
+        print(markdown(*[json.loads(f.read_text()) for f in args.merge]))
+        return 0
     args.work.mkdir(parents=True, exist_ok=True)
     kinds = tuple(args.kinds.split(","))
     result: dict[str, Any] = {"load_average_at_start": list(os.getloadavg()), "samples": SAMPLES, "versions": versions(args.modelopt_python),
@@ -242,12 +251,25 @@ def main() -> int:
     return 0
 
 
-def markdown(result: dict[str, Any]) -> str:
+def span(values: list[float]) -> str:
+    return "" if not values else (f"{min(values):.1f}" if min(values) == max(values) else f"{min(values):.1f}-{max(values):.1f}")
+
+
+def markdown(*results: dict[str, Any]) -> str:
+    """The table of one run, or of several: scores from the first (the runs' scores are compared), time as the range."""
     lines = ["| bundle | graph | accuracy | top-1 agreement | logit cos p1 | linear layers FP8 | attention matmuls FP8 | gate | quantize s |",
              "|---|---|---:|---:|---:|---:|---:|---|---:|"]
-    for kind, rows in result["bundles"].items():
-        for r in rows:
-            secs = f"{r['seconds']:.1f}" if "seconds" in r else ""
+    first = results[0]
+    for kind, rows in first["bundles"].items():
+        for i, r in enumerate(rows):
+            same = [other["bundles"][kind][i] for other in results]
+            if any(o["graph"] != r["graph"] or {k: o.get(k) for k in SCORED} != {k: r.get(k) for k in SCORED} for o in same):
+                log(f"{kind} / {r['graph']}: the runs' scores differ; the table shows the first run's")
+            times = [o["seconds"] for o in same if "seconds" in o]
+            secs = span(times)
+            logged = [o["modelopt_reported_seconds"] for o in same if o.get("modelopt_reported_seconds") is not None]
+            if logged:
+                secs += f" (its log: {span(logged)})"
             if "refused" in r:
                 lines.append(f"| {kind} | {r['graph']} | {r['refused']} | | | | | | {secs} |")
                 continue
@@ -255,7 +277,6 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {kind} | {r['graph']} | {r['accuracy']:.2%} | {r['top1_agreement']:.2%} | {r['cosine_p1']:.4f} | "
                          f"{r['linear_fp8']}/{r['linear']} | {r['attention_fp8']}/{r['attention']} | {gate} | {secs} |")
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
