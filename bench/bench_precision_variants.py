@@ -50,12 +50,12 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def bundles(work: Path) -> dict[str, Bundle]:
+def bundles(work: Path, kinds: tuple[str, ...] = KINDS) -> dict[str, Bundle]:
     from vitdeploy.calibration.stress_models import digits_variant, write_reference_checkpoint
     from vitdeploy.exporters import ExportOptions, export
 
     out = {}
-    for kind in KINDS:
+    for kind in kinds:
         root = work / kind
         if not (root / "manifest.json").is_file():
             source = "builtin:digits"
