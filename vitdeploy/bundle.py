@@ -27,6 +27,7 @@ from .fileio import atomic_write_json, atomic_write_text, sha256_cached, sweep_b
 from .manifest import FORMAT, is_embedding_model, model_kind, validate_bundle_manifest, validate_core
 from .precisions import ARTIFACT_FILES, BY_NAME, NAMES, REGISTRY, listing, writers_text  # noqa: F401 - ARTIFACT_FILES re-exported
 from .precisions import manifest_record as precision_record
+from .records import ArtifactRecord, EngineRecord, StorageRecord, WeightsIdentity, artifact_of, artifacts_of, engines_of, storage_of, weights_of
 from .spec import ViTSpec
 
 MANIFEST = "manifest.json"
@@ -156,6 +157,34 @@ class Bundle:
     def artifact_record(self, precision: str) -> dict[str, Any]:
         return dict(self.manifest.get("artifacts", {}).get(precision, {}))
 
+    # -- typed records (vitdeploy.records): what consumers read instead of the JSON layout ---------------
+    def artifact(self, key: str) -> ArtifactRecord | None:
+        """The record of one graph (a precision or a variant such as ``cpu``); None when the bundle has none."""
+        return artifact_of(self.manifest, key)
+
+    def artifacts(self) -> dict[str, ArtifactRecord]:
+        """Every graph's record, by key, in the manifest's order (whether the file is present or not)."""
+        return artifacts_of(self.manifest)
+
+    def artifact_sha256(self, key: str) -> str | None:
+        """The recorded sha256 of one graph; None when the bundle has no such graph."""
+        record = self.artifact(key)
+        return record.sha256 if record else None
+
+    def engines(self) -> dict[str, EngineRecord]:
+        """The engines built into engines/<target>, by target, in the manifest's order."""
+        return engines_of(self.manifest)
+
+    @property
+    def weights(self) -> WeightsIdentity:
+        """Where the weights came from (the manifest's source.weights, with an older bundle's flat keys)."""
+        return weights_of(self.manifest)
+
+    @property
+    def storage(self) -> StorageRecord:
+        """The bundle's storage rule (external-data threshold chosen at export)."""
+        return storage_of(self.manifest)
+
     # -- writing -----------------------------------------------------------------------------
     def _require_folder(self) -> None:
         if self.bare_onnx is not None:
@@ -165,11 +194,13 @@ class Bundle:
         self._require_folder()
         atomic_write_json(self.root / MANIFEST, self.manifest)
 
-    def add_artifact(self, precision: str, file: Path, record: dict[str, Any] | None = None) -> None:
+    def add_artifact(self, precision: str, file: Path, record: dict[str, Any] | ArtifactRecord | None = None) -> None:
         """Record a graph that is already in place (written atomically by its producer)."""
         self._require_folder()
         from .onnx_io import file_record
 
+        if isinstance(record, ArtifactRecord):
+            record = record.to_dict()
         # the producer's record when it hashed the files as it wrote them (onnx_io.save), else read them:
         # the graph, and its external data file when it has one
         rec = dict(record or {}) if (record or {}).get("sha256") else {**file_record(file), **(record or {})}
@@ -179,10 +210,12 @@ class Bundle:
         self.drop_stale_records()
         self.save()
 
-    def record_engine(self, target: str, record: dict[str, Any]) -> None:
+    def record_engine(self, target: str, record: dict[str, Any] | EngineRecord) -> None:
         """Record an engine built into engines/<target>, with the precisions' "best" order from the registry,
         which readers without vitdeploy (the C++ host library's classify) choose an engine by."""
         self._require_folder()
+        if isinstance(record, EngineRecord):
+            record = record.to_dict()
         self.manifest.setdefault("engines", {})[target] = record
         self.manifest["precisions"] = precision_record()
         self.save()
@@ -197,10 +230,10 @@ class Bundle:
 
     def drop_stale_records(self) -> None:
         """Forget engines and reports made from a graph whose hash no longer matches."""
-        shas = {rec.get("sha256") for rec in self.manifest.get("artifacts", {}).values()}
+        shas = {rec.sha256 for rec in self.artifacts().values()}
         engines = self.manifest.get("engines", {})
-        for target in list(engines):
-            if engines[target].get("source_sha256") not in shas:
+        for target, engine in self.engines().items():
+            if engine.source_sha256 not in shas:
                 del engines[target]
         records = self.manifest.get("records", {})
         for key in list(records):
