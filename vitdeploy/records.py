@@ -160,8 +160,8 @@ class WeightsIdentity(_Record):
         values = cls._read(source.get("weights") or {})
         random = values.get("origin") == "random" or bool(source.get("random_init"))
         # a normalised view: to_dict of it writes the fallbacks too (from_dict of the weights record round-trips)
-        if values.get("sha256") is None and source.get("weights_sha256"):
-            values["sha256"] = source.get("weights_sha256")
+        if not values.get("sha256") and source.get("weights_sha256") is not None:
+            values["sha256"] = values.get("sha256") or source.get("weights_sha256")
         if "seed" not in values and source.get("random_init_seed") is not None:
             values["seed"] = source.get("random_init_seed")
         return cls(random=random, **values)
@@ -190,9 +190,10 @@ def artifact_of(manifest: Mapping[str, Any] | None, key: str) -> Optional[Artifa
 
 
 def engines_of(manifest: Mapping[str, Any] | None) -> Dict[str, EngineRecord]:
-    """Every engine record, by target, in the manifest's order."""
+    """Every engine record, by target, in the manifest's order (an entry that is not an object: an empty record,
+    listed so that its engine is reported as unusable rather than skipped)."""
     engines = (manifest or {}).get("engines") or {}
-    return {k: EngineRecord.from_dict(v) for k, v in engines.items() if isinstance(v, dict)}
+    return {k: EngineRecord.from_dict(v if isinstance(v, dict) else {}) for k, v in engines.items()}
 
 
 def storage_of(manifest: Mapping[str, Any] | None) -> StorageRecord:
