@@ -90,5 +90,6 @@ def test_new_records_write_their_fields_then_extras() -> None:
     assert art.passed
     assert list(art.to_dict()) == ["file", "sha256", "derived_from", "gate", "fusion"]
     assert ArtifactRecord.from_dict(art.to_dict()) == art
+    assert StorageRecord(external_data_threshold=0).to_dict() == {"external_data_threshold": 0}  # what export writes
     with pytest.raises(AttributeError):
         art.file = "other.onnx"  # type: ignore[misc]  # frozen

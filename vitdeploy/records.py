@@ -140,7 +140,7 @@ class WeightsIdentity(_Record):
 
     KEYS: ClassVar[Dict[str, str]] = {"origin": "origin", "file": "file", "sha256": "sha256", "seed": "seed",
                                       "repo_id": "repo_id", "revision": "revision", "requested_revision": "requested_revision",
-                                      "shards": "shards", "url": "url"}
+                                      "shards": "shards", "url": "url", "config": "config"}
 
     origin: Optional[str] = None
     file: Optional[str] = None
@@ -151,6 +151,7 @@ class WeightsIdentity(_Record):
     requested_revision: Optional[str] = None
     shards: Optional[list] = None
     url: Optional[str] = None
+    config: Optional[Mapping[str, Any]] = None  # random weights on a hub architecture: where its config came from
     random: bool = field(default=False, compare=False)  # origin "random", or an older bundle's random_init flag
 
     @classmethod
@@ -194,6 +195,20 @@ def engines_of(manifest: Mapping[str, Any] | None) -> Dict[str, EngineRecord]:
     listed so that its engine is reported as unusable rather than skipped)."""
     engines = (manifest or {}).get("engines") or {}
     return {k: EngineRecord.from_dict(v if isinstance(v, dict) else {}) for k, v in engines.items()}
+
+
+def set_artifact(manifest: Dict[str, Any], key: str, record: ArtifactRecord) -> None:
+    """Write one artifact record into a manifest (a dict being built or loaded)."""
+    manifest.setdefault("artifacts", {})[key] = record.to_dict()
+
+
+def set_engines(manifest: Dict[str, Any], engines: Mapping[str, EngineRecord]) -> None:
+    """Write the engine records of a manifest (replacing those it held)."""
+    manifest["engines"] = {target: engine.to_dict() for target, engine in engines.items()}
+
+
+def set_storage(manifest: Dict[str, Any], storage: StorageRecord) -> None:
+    manifest["storage"] = storage.to_dict()
 
 
 def storage_of(manifest: Mapping[str, Any] | None) -> StorageRecord:
