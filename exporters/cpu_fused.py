@@ -361,14 +361,14 @@ def add_cpu_graph_to_bundle(bundle: Bundle, log: Callable[[str], None] = logger.
                         "(packed QKV MatMul, head split, Softmax); the plain graph is what ONNX Runtime runs")
     manifest = bundle.manifest
     manifest_core = dict(manifest)
-    manifest_core["graph"] = {**manifest.get("graph", {}), "variant": "cpu-fused", "derived_from": bundle.artifact_record("fp32").get("sha256")}
+    manifest_core["graph"] = {**manifest.get("graph", {}), "variant": "cpu-fused", "derived_from": bundle.artifact_sha256("fp32")}
     embed_manifest(model, manifest_core)
     log(f"fused {record['attention_fused']} of {record['blocks']} attention blocks into com.microsoft.Attention "
         f"({record['nodes_before']} -> {record['nodes_after']} nodes)")
     target = bundle.root / CPU_FILE
     # written beside the bundle first (with external data past the threshold: no bytes form past 2 GiB)
     # and gated from that file; graph and data file land together only when the gate passes
-    entry: dict[str, Any] = {"target": "cpu", "derived_from": bundle.artifact_record("fp32").get("sha256"), "fusion": record}
+    entry: dict[str, Any] = {"target": "cpu", "derived_from": bundle.artifact_sha256("fp32"), "fusion": record}
     with onnx_io.staged(target, then=lambda: bundle.add_artifact(CPU_KEY, target, entry)) as staged:  # with its manifest record
         entry.update(onnx_io.save(model, staged, manifest=manifest))
         del model

@@ -141,4 +141,4 @@ def verify_invariance(bundle: Bundle, loaded: LoadedModel, log: Callable[[str], 
                               f"{stats.top1_agreement:.0%}{'' if finite else ', non-finite outputs'}"]
     return {"passed": ok, "failures": failures, "kind": "variable-size invariance", "canvas": list(canvas),
             "sizes": [list(s) for s in sizes], "limit_max_abs": LIMIT_MAX_ABS, **stats.to_dict(),
-            "graph_sha256": bundle.artifact_record("fp32").get("sha256")}
+            "graph_sha256": bundle.artifact_sha256("fp32")}

@@ -51,7 +51,8 @@ class Scorer:
 def int8_execution(bundle: Bundle) -> tuple[str, str]:
     """(ORT optimisation level, description) of the execution an int8 graph targets: Q/DQ as
     fake-quant in float for TensorRT (ORT basic), integer kernels for a CPU target (ORT all)."""
-    target = bundle.artifact_record("int8").get("target", "tensorrt")
+    int8 = bundle.artifact("int8")
+    target = int8.get("target", "tensorrt") if int8 else "tensorrt"  # absent: a graph made for TensorRT
     if target == "cpu":
         return "all", "this CPU's int8 kernels (ORT all optimizations; the graph targets the CPU)"
     return "basic", "reference semantics: Q/DQ as fake-quant in float (ORT basic), what TensorRT computes"
