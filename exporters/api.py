@@ -21,7 +21,7 @@ from vitdeploy.fileio import atomic_write_json, library_temp
 from vitdeploy.manifest import is_embedding_model, model_kind
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
-from vitdeploy.records import StorageRecord, set_artifact, set_engines, set_storage
+from vitdeploy.records import ArtifactRecord, StorageRecord, set_artifact, set_engines, set_storage
 
 from .export_memory import check_export_fits, log_peak, release, release_torch_model
 from .export_steps import (loaded_for_bundle, log_weights, manifest_head, open_export, preprocessing_contract,  # noqa: F401
@@ -191,7 +191,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
             del proto
             release()
             write_labels(stage / LABELS, loaded.labels)
-            manifest["artifacts"] = {"fp32": written}
+            set_artifact(manifest, "fp32", ArtifactRecord.from_dict(written))
             _carry_over(out_dir, stage, manifest, written["sha256"], log)
             atomic_write_json(stage / MANIFEST, manifest)
             bundle = Bundle(stage, manifest)

@@ -17,7 +17,7 @@ import numpy as np
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions,
                               write_labels)
 from vitdeploy.errors import CheckFailed, UsageError
-from vitdeploy.records import StorageRecord, set_storage
+from vitdeploy.records import ArtifactRecord, StorageRecord, set_artifact, set_storage
 from vitdeploy.fileio import atomic_write_json
 from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas, mixed_sizes, padded_batch  # noqa: F401 - re-exported
 
@@ -79,7 +79,7 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
         set_storage(manifest, StorageRecord(external_data_threshold=int(opts.external_data_threshold)))
     with staged_bundle(out_dir) as stage:
         path = stage / ARTIFACT_FILES["fp32"]
-        manifest["artifacts"] = {"fp32": write_graph(path, model_proto, manifest)}
+        set_artifact(manifest, "fp32", ArtifactRecord.from_dict(write_graph(path, model_proto, manifest)))
         del model_proto  # written: the verification runs from the file
         write_labels(stage / LABELS, loaded.labels)
         atomic_write_json(stage / MANIFEST, manifest)
