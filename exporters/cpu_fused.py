@@ -352,7 +352,7 @@ def add_cpu_graph_to_bundle(bundle: Bundle, log: Callable[[str], None] = logger.
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; the CPU graph is written into a bundle folder (export with -o DIR)")
     source = bundle.artifact_path("fp32")
-    if len(bundle.manifest.get("graph", {}).get("inputs") or []) > 1:
+    if len(bundle.graph.inputs or []) > 1:
         raise UserError("the CPU graph is made from single-input graphs; this bundle's graph takes several inputs (--variable-size)")
     t0 = time.perf_counter()
     model, record = build_cpu_graph(source, bundle.spec)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from vitdeploy.bundle import Bundle
-from vitdeploy.records import (ArtifactRecord, EngineRecord, StorageRecord, WeightsIdentity, artifacts_of, engines_of, storage_of,
-                               weights_of)
+from vitdeploy.records import (ArtifactRecord, EngineRecord, StorageRecord, WeightsIdentity, artifacts_of, engines_of, graph_of,
+                               storage_of, weights_of)
 from synthetic_bundle import fake_engine, make_bundle
 
 
@@ -22,6 +22,8 @@ def rewritten(manifest: dict[str, Any]) -> dict[str, Any]:
         out["artifacts"] = {k: r.to_dict() for k, r in artifacts_of(manifest).items()}
     if "engines" in out:
         out["engines"] = {k: r.to_dict() for k, r in engines_of(manifest).items()}
+    if "graph" in out:
+        out["graph"] = graph_of(manifest).to_dict()
     if "storage" in out:
         out["storage"] = storage_of(manifest).to_dict()
     source = out.get("source")
@@ -46,6 +48,7 @@ def test_synthetic_bundles_and_engines_round_trip(tmp_path: Path) -> None:
     assert fp16.file == "model.fp16.onnx" and fp16.sha256 == manifest["artifacts"]["fp16"]["sha256"]
     assert fp16.bytes == (bundle.root / "model.fp16.onnx").stat().st_size
     assert bundle.artifact("int8") is None and bundle.artifact_sha256("int8") is None
+    assert bundle.graph.precision == "fp32" and bundle.graph.output_detail("embedding") == {}
     engine = bundle.engines()["orin-fp16"]
     assert isinstance(engine, EngineRecord) and engine.precision == "fp16" and engine.source_sha256 is None
 

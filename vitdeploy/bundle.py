@@ -27,7 +27,8 @@ from .fileio import atomic_write_json, atomic_write_text, sha256_cached, sweep_b
 from .manifest import FORMAT, is_embedding_model, model_kind, validate_bundle_manifest, validate_core
 from .precisions import ARTIFACT_FILES, BY_NAME, NAMES, REGISTRY, listing, writers_text  # noqa: F401 - ARTIFACT_FILES re-exported
 from .precisions import manifest_record as precision_record
-from .records import ArtifactRecord, EngineRecord, StorageRecord, WeightsIdentity, artifact_of, artifacts_of, engines_of, storage_of, weights_of
+from .records import (ArtifactRecord, EngineRecord, GraphRecord, StorageRecord, WeightsIdentity, artifact_of, artifacts_of, engines_of,
+                      graph_of, storage_of, weights_of)
 from .spec import ViTSpec
 
 MANIFEST = "manifest.json"
@@ -87,17 +88,17 @@ class Bundle:
     def embedding_model(self) -> bool:
         """No class scores among the graph's declared outputs (manifest.is_embedding_model): a CLIP/SigLIP
         tower or a backbone. Label-based checks and metrics do not apply to it."""
-        return is_embedding_model(self.manifest.get("graph", {}).get("outputs"))
+        return is_embedding_model(self.graph.outputs)
 
     @property
     def embedding_width(self) -> int | None:
         """d of the embedding output as the manifest declares it ([batch, d]); None without one."""
-        shape = ((self.manifest.get("graph", {}).get("output_details") or {}).get("embedding") or {}).get("shape")
+        shape = self.graph.output_detail("embedding").get("shape")
         return int(shape[-1]) if shape and isinstance(shape[-1], int) else None
 
     def kind(self) -> str:
         """'an embedding model (512-d embedding, no classes)' or 'N classes' (manifest.model_kind)."""
-        return model_kind(self.manifest.get("graph", {}).get("outputs"), self.embedding_width, len(self.labels))
+        return model_kind(self.graph.outputs, self.embedding_width, len(self.labels))
 
     @property
     def preprocessing(self) -> dict[str, Any]:
@@ -119,13 +120,13 @@ class Bundle:
     def precisions(self) -> list[str]:
         """Precisions whose graph is present, in registry order (fp32 first)."""
         if self.bare_onnx is not None:
-            return [self.manifest.get("graph", {}).get("precision", "fp32")]
+            return [self.graph.get("precision", "fp32")]
         arts = self.manifest.get("artifacts", {})
         return [p for p in PRECISIONS if p in arts and (self.root / arts[p]["file"]).is_file()]
 
     def artifact_path(self, precision: str = "fp32") -> Path:
         if self.bare_onnx is not None:
-            have = self.manifest.get("graph", {}).get("precision", "fp32")
+            have = self.graph.get("precision", "fp32")
             if precision != have:
                 raise UserError(f"{self.bare_onnx} is a {have} graph; no {precision} graph (use a bundle folder)")
             return self.bare_onnx
@@ -174,6 +175,11 @@ class Bundle:
     def engines(self) -> dict[str, EngineRecord]:
         """The engines built into engines/<target>, by target, in the manifest's order."""
         return engines_of(self.manifest)
+
+    @property
+    def graph(self) -> GraphRecord:
+        """What the manifest core says about the graph: precision, inputs, outputs and what each holds ..."""
+        return graph_of(self.manifest)
 
     @property
     def weights(self) -> WeightsIdentity:

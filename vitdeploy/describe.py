@@ -87,7 +87,7 @@ def graph_files(bundle: Bundle) -> dict[str, dict[str, Any]]:
         data = [p for p in referenced_files(path) if p.is_file()]
         if data:
             entry["data"] = {"file": data[0].name, "bytes": data[0].stat().st_size}
-        return {bundle.manifest.get("graph", {}).get("precision", "fp32"): entry}
+        return {bundle.graph.get("precision", "fp32"): entry}
     files = {}
     for key, record in bundle.artifacts().items():
         if record.file and (bundle.root / record.file).is_file():

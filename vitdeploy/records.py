@@ -169,6 +169,31 @@ class WeightsIdentity(_Record):
 
 
 @dataclass(frozen=True)
+class GraphRecord(_Record):
+    """What the manifest core says about the graph itself (manifest["graph"]): the precision it computes in,
+    its inputs and outputs and what each output holds, the ONNX tensors of PyTorch modules (check's
+    localisation, calibration's units) and of the patch embedding (the protocol check); the rest
+    (opset, simplify_*, a pass's own notes such as fp16 or quantization) in ``extras``."""
+
+    KEYS: ClassVar[Dict[str, str]] = {"precision": "precision", "inputs": "inputs", "outputs": "outputs",
+                                      "output_details": "output_details", "module_outputs": "module_outputs",
+                                      "patch_embed": "patch_embed", "variant": "variant", "derived_from": "derived_from"}
+
+    precision: Optional[str] = None
+    inputs: Optional[list] = None
+    outputs: Optional[list] = None
+    output_details: Optional[Mapping[str, Any]] = None
+    module_outputs: Optional[Mapping[str, Any]] = None
+    patch_embed: Optional[Mapping[str, Any]] = None
+    variant: Optional[str] = None
+    derived_from: Optional[str] = None
+
+    def output_detail(self, name: str) -> Mapping[str, Any]:
+        """What one output holds (shape, read-out, norm ...); empty when the manifest does not say."""
+        return (self.output_details or {}).get(name) or {}
+
+
+@dataclass(frozen=True)
 class StorageRecord(_Record):
     """The bundle's storage rule (manifest["storage"]): the weight size above which later passes write a
     graph with external data, as the export chose it (None: the environment's default applies)."""
@@ -209,6 +234,12 @@ def set_engines(manifest: Dict[str, Any], engines: Mapping[str, EngineRecord]) -
 
 def set_storage(manifest: Dict[str, Any], storage: StorageRecord) -> None:
     manifest["storage"] = storage.to_dict()
+
+
+def graph_of(manifest: Mapping[str, Any] | None) -> GraphRecord:
+    """The graph record of a manifest or a manifest core (empty for one that records nothing about its graph)."""
+    graph = (manifest or {}).get("graph")
+    return GraphRecord.from_dict(graph if isinstance(graph, dict) else {})
 
 
 def storage_of(manifest: Mapping[str, Any] | None) -> StorageRecord:

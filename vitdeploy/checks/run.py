@@ -208,7 +208,7 @@ def _localise(reference: Any, graph: Path, bundle: Bundle, sets: list[CheckSet],
     if not whole:
         return {"available": False, "reason": "module outputs are compared on whole images; the rows of a canvas batch hold padded tokens"}
     probe = next((s for s in whole if s.real), whole[0]).images[:8]
-    return localise(reference, graph, bundle.manifest.get("graph", {}).get("module_outputs", {}), probe,
+    return localise(reference, graph, bundle.graph.module_outputs or {}, probe,
                     opts.gate.module_min_cosine(precision), precision)
 
 

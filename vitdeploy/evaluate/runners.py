@@ -122,7 +122,7 @@ def refuse_embedding_model(bundle: Bundle, what: str) -> None:
     """evaluate scores class predictions on labelled images; an embedding model (bundle.embedding_model:
     no logits/probs among its declared outputs) has none: one line saying what applies instead."""
     if bundle.embedding_model:
-        outputs = ",".join(bundle.manifest.get("graph", {}).get("outputs") or [])
+        outputs = ",".join(bundle.graph.outputs or [])
         raise UsageError(f"{bundle.root} is {bundle.kind()} (outputs {outputs}): {what} scores class predictions, which it has none of; "
                          "`vitdeploy check` measures its parity with PyTorch, `vitdeploy embed` writes its features")
 
