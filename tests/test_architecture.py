@@ -406,10 +406,7 @@ RECORD_KEYS = {"artifacts", "engines", "storage"}
 # Receivers whose "artifacts" is another JSON: check.json's list of scored graphs (checks/report, report/*).
 OTHER_JSON = {"report", "rec.data", "d"}
 # Modules not migrated yet, each with its reason: the next session finishes them and empties this.
-NOT_MIGRATED = {
-    "vitdeploy.remote.session": "merges the device's manifest into the workstation's as raw JSON and stamps built_on "
-                                "into the engine entry in place (a writer that needs an EngineRecord.replace)",
-}
+NOT_MIGRATED: dict[str, str] = {}
 
 
 def raw_record_reads(source: str) -> list[tuple[int, str]]:

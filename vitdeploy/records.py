@@ -17,7 +17,7 @@ accessor. Core module: standard library only, valid Python 3.8 (it runs on the d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 STORAGE_THRESHOLD = "external_data_threshold"  # manifest["storage"][...]: the bundle's external-data rule
@@ -52,6 +52,10 @@ class _Record:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Any:
         return cls(**cls._read(data))
+
+    def with_extras(self, **extras: Any) -> Any:
+        """A copy with these keys set among the extras (a key already there keeps its place in the JSON)."""
+        return replace(self, extras={**self.extras, **extras})
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value under JSON ``key`` (a named field or an extra), as the manifest holds it."""
