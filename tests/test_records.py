@@ -93,6 +93,9 @@ def test_new_records_write_their_fields_then_extras() -> None:
     assert art.passed
     assert list(art.to_dict()) == ["file", "sha256", "derived_from", "gate", "fusion"]
     assert ArtifactRecord.from_dict(art.to_dict()) == art
+    stamped = EngineRecord.from_dict({"dir": "engines/orin", "built_on": {"on": "old"}, "z": 1}).with_extras(built_on={"on": "new"})
+    assert stamped.to_dict() == {"dir": "engines/orin", "built_on": {"on": "new"}, "z": 1}  # in place, as remote/session stamps it
+    assert list(stamped.to_dict()) == ["dir", "built_on", "z"]
     assert StorageRecord(external_data_threshold=0).to_dict() == {"external_data_threshold": 0}  # what export writes
     with pytest.raises(AttributeError):
         art.file = "other.onnx"  # type: ignore[misc]  # frozen
