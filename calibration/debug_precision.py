@@ -269,7 +269,7 @@ def debug_precision(path: str | Path, options: DebugOptions | None = None, log: 
         else:
             kept, final, steps = search_keep(trials, ordered, log)
         recipe = {"precision": opts.precision, **trials.recipe_fields(kept),
-                  "found_by": {"bundle_fp32_sha256": bundle.artifact_record("fp32").get("sha256"), "gate": opts.gate.to_dict(),
+                  "found_by": {"bundle_fp32_sha256": bundle.artifact_sha256("fp32"), "gate": opts.gate.to_dict(),
                                "eval": trials.data.record, "baseline": baseline.row(), "result": final.row(),
                                "rule": "cells ranked by damage alone; shortest passing prefix by bisection; unneeded cells dropped"}}
         report = {"precision": opts.precision, "bundle": str(bundle.root), "eval": trials.data.record,

@@ -21,6 +21,7 @@ from vitdeploy.fileio import atomic_write_json, library_temp
 from vitdeploy.manifest import is_embedding_model, model_kind
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
+from vitdeploy.records import ArtifactRecord, StorageRecord, set_artifact, set_engines, set_storage
 
 from .export_memory import check_export_fits, log_peak, release, release_torch_model
 from .export_steps import (loaded_for_bundle, log_weights, manifest_head, open_export, preprocessing_contract,  # noqa: F401
@@ -177,7 +178,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         if variant.extra.get("token_merge"):
             manifest["token_merge"] = variant.extra["token_merge"]
         if opts.external_data_threshold is not None:  # the bundle's later passes follow the same rule
-            manifest["storage"] = {onnx_io.MANIFEST_KEY: int(opts.external_data_threshold)}
+            set_storage(manifest, StorageRecord(external_data_threshold=int(opts.external_data_threshold)))
         # Timing lives outside the manifest core, so the bytes of model.onnx depend only on the weights
         # and the contract: re-exporting the same model gives the same sha256 and keeps its engines.
         manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"],
@@ -190,7 +191,7 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
             del proto
             release()
             write_labels(stage / LABELS, loaded.labels)
-            manifest["artifacts"] = {"fp32": written}
+            set_artifact(manifest, "fp32", ArtifactRecord.from_dict(written))
             _carry_over(out_dir, stage, manifest, written["sha256"], log)
             atomic_write_json(stage / MANIFEST, manifest)
             bundle = Bundle(stage, manifest)
@@ -383,25 +384,26 @@ def _carry_over(old_dir: Path, stage: Path, manifest: dict[str, Any], fp32_sha: 
     if not (old_dir / MANIFEST).is_file():
         return
     try:
-        old = Bundle.open(old_dir).manifest
+        old_bundle = Bundle.open(old_dir)
     except UserError:
         return
-    if old.get("artifacts", {}).get("fp32", {}).get("sha256") != fp32_sha:
-        dropped = [k for k in DERIVED_GRAPHS if k in old.get("artifacts", {})] + [f"engine {t}" for t in old.get("engines", {})]
+    old, old_artifacts, old_engines = old_bundle.manifest, old_bundle.artifacts(), old_bundle.engines()
+    if old_bundle.artifact_sha256("fp32") != fp32_sha:
+        dropped = [k for k in DERIVED_GRAPHS if k in old_artifacts] + [f"engine {t}" for t in old_engines]
         if dropped:
             log(f"the fp32 graph changed: dropped {', '.join(dropped)} and old reports")
         return
     for precision in DERIVED_GRAPHS:
-        record = old.get("artifacts", {}).get(precision)
-        if record and not onnx_io.check_files(old_dir, record, hashes=False):
-            for entry in [record] + ([record["data"]] if record.get("data") else []):  # the graph and its data file
-                shutil.copy2(old_dir / entry["file"], stage / entry["file"])
-            manifest["artifacts"][precision] = record
+        record = old_artifacts.get(precision)
+        if record and not onnx_io.check_files(old_dir, record.to_dict(), hashes=False):
+            for entry in [record] + ([record.data] if record.data else []):  # the graph and its data file
+                shutil.copy2(old_dir / entry.file, stage / entry.file)
+            set_artifact(manifest, precision, record)
     for sub in ("engines", "reports", "variants"):
         if (old_dir / sub).is_dir():
             shutil.copytree(old_dir / sub, stage / sub)
-    if old.get("engines"):
-        manifest["engines"] = old["engines"]
+    if old_engines:
+        set_engines(manifest, old_engines)
         manifest["precisions"] = precisions.manifest_record()  # the order engines are chosen by (Bundle.record_engine)
     if old.get("records"):
         kept = {k: v for k, v in old["records"].items() if k not in ("export_check", "export")}

@@ -352,7 +352,7 @@ def add_cpu_graph_to_bundle(bundle: Bundle, log: Callable[[str], None] = logger.
     if bundle.bare_onnx is not None:
         raise UserError(f"{bundle.bare_onnx} is a bare ONNX file; the CPU graph is written into a bundle folder (export with -o DIR)")
     source = bundle.artifact_path("fp32")
-    if len(bundle.manifest.get("graph", {}).get("inputs") or []) > 1:
+    if len(bundle.graph.inputs or []) > 1:
         raise UserError("the CPU graph is made from single-input graphs; this bundle's graph takes several inputs (--variable-size)")
     t0 = time.perf_counter()
     model, record = build_cpu_graph(source, bundle.spec)
@@ -361,14 +361,14 @@ def add_cpu_graph_to_bundle(bundle: Bundle, log: Callable[[str], None] = logger.
                         "(packed QKV MatMul, head split, Softmax); the plain graph is what ONNX Runtime runs")
     manifest = bundle.manifest
     manifest_core = dict(manifest)
-    manifest_core["graph"] = {**manifest.get("graph", {}), "variant": "cpu-fused", "derived_from": bundle.artifact_record("fp32").get("sha256")}
+    manifest_core["graph"] = {**manifest.get("graph", {}), "variant": "cpu-fused", "derived_from": bundle.artifact_sha256("fp32")}
     embed_manifest(model, manifest_core)
     log(f"fused {record['attention_fused']} of {record['blocks']} attention blocks into com.microsoft.Attention "
         f"({record['nodes_before']} -> {record['nodes_after']} nodes)")
     target = bundle.root / CPU_FILE
     # written beside the bundle first (with external data past the threshold: no bytes form past 2 GiB)
     # and gated from that file; graph and data file land together only when the gate passes
-    entry: dict[str, Any] = {"target": "cpu", "derived_from": bundle.artifact_record("fp32").get("sha256"), "fusion": record}
+    entry: dict[str, Any] = {"target": "cpu", "derived_from": bundle.artifact_sha256("fp32"), "fusion": record}
     with onnx_io.staged(target, then=lambda: bundle.add_artifact(CPU_KEY, target, entry)) as staged:  # with its manifest record
         entry.update(onnx_io.save(model, staged, manifest=manifest))
         del model

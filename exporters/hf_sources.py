@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vitdeploy.errors import UserError
+from vitdeploy.records import WeightsIdentity
 from vitdeploy.lazy import require
 
 from . import hub
@@ -50,12 +51,13 @@ def load_hf(ref: str, random_init: bool, seed: int, recorded: dict[str, Any] | N
         repo_id, revision = hub.split_revision(ref)
         if not hub.is_repo_id(repo_id):
             raise UserError(f"hf source {ref!r} is neither a directory saved with save_pretrained() nor a hub id ORG/NAME[@REVISION]")
-        weights_rec = (recorded or {}).get("weights") or {}
-        pin = weights_rec if weights_rec.get("origin") == "hf-hub" else (weights_rec.get("config") or {})
+        weights = WeightsIdentity.of_source(recorded)
+        config = weights.config or {}  # random weights: the hub architecture they were made on
+        pin_revision, pin_file = (weights.revision, weights.file) if weights.origin == "hf-hub" else (config.get("revision"), config.get("file"))
         expect: tuple[str, ...] = ()
-        if not revision and pin.get("revision"):  # a bundle's own revision, again
-            revision = pin["revision"]
-            expect = ("config.json", "preprocessor_config.json") + ((pin["file"],) if pin.get("file") else ())
+        if not revision and pin_revision:  # a bundle's own revision, again
+            revision = pin_revision
+            expect = ("config.json", "preprocessor_config.json") + ((pin_file,) if pin_file else ())
         access = hub.open_repo(repo_id, revision, what, expect=expect)
         location, kwargs = repo_id, {"revision": access.pin}
         if access.uses_network:  # a download may take a while: say what it is

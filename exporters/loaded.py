@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vitdeploy.errors import ConfigError, UserError
+from vitdeploy.records import WeightsIdentity
 from vitdeploy.lazy import require
 from vitdeploy.spec import ViTSpec
 
@@ -130,19 +131,19 @@ def require_same_weights(loaded: LoadedModel, recorded: dict[str, Any]) -> None:
     if not want or want == got:
         return
     what = f"{recorded.get('kind')}:{recorded.get('name')}"
-    weights = recorded.get("weights") or {}
-    origin = weights.get("origin") or ("random" if recorded.get("random_init") else "file")
+    weights = WeightsIdentity.of_source(recorded)
+    origin = weights.origin or ("random" if weights.random else "file")
     if origin == "random":
         raise UserError(
-            f"{what}: the bundle's random weights (seed {weights.get('seed', recorded.get('random_init_seed'))}) cannot be rebuilt "
+            f"{what}: the bundle's random weights (seed {weights.seed}) cannot be rebuilt "
             "identically with this version of timm/transformers/torch; re-export with --random-init here")
     if origin == "hf-hub":
         raise UserError(
-            f"{what}: {weights.get('file')} of hub repository {weights.get('repo_id')}@{weights.get('revision')} in the cache is "
+            f"{what}: {weights.file} of hub repository {weights.repo_id}@{weights.revision} in the cache is "
             f"not the file the bundle was exported from (sha256 {str(got)[:12]}... vs {want[:12]}...); delete that snapshot from "
             "the Hugging Face cache and let it download again")
     raise UserError(
-        f"{what}: the weights file {weights.get('file') or recorded.get('checkpoint')} changed since the bundle was exported "
+        f"{what}: the weights file {weights.file or recorded.get('checkpoint')} changed since the bundle was exported "
         f"(sha256 {str(got)[:12]}... vs {want[:12]}...); restore it or re-export the bundle")
 
 

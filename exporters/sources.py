@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vitdeploy.errors import ConfigError, UserError
+from vitdeploy.records import WeightsIdentity
 from vitdeploy.spec import ViTSpec
 
 # LoadedModel and the checkpoint helpers live in loaded.py (the per-library loaders import them from
@@ -64,7 +65,8 @@ def load_source(
         num_classes = num_classes or recorded.get("num_classes")
         model_kwargs = model_kwargs or recorded.get("model_kwargs")
         random_init = bool(recorded.get("random_init"))
-        seed = int((recorded.get("weights") or {}).get("seed", recorded.get("random_init_seed", RANDOM_INIT_SEED)))
+        recorded_seed = WeightsIdentity.of_source(recorded).seed
+        seed = int(recorded_seed if recorded_seed is not None else RANDOM_INIT_SEED)
     else:
         kind, name = parse_source(source)
         seed = RANDOM_INIT_SEED

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vitdeploy.errors import UserError
+from vitdeploy.records import WeightsIdentity
 from vitdeploy.lazy import require
 from vitdeploy.spec import ViTSpec
 
@@ -53,11 +54,11 @@ def load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None,
     if on_hub and not hub.is_repo_id(repo_id):
         raise UserError(f"{what}: {repo_id!r} is not a hub repository id (ORG/NAME)")
     expect: tuple[str, ...] = ()
-    weights_rec = (recorded or {}).get("weights") or {}
-    if not revision and weights_rec.get("origin") == "hf-hub":  # a bundle's own revision, again
-        revision, expect = weights_rec.get("revision"), (weights_rec.get("file"),)
-    elif not revision and (weights_rec.get("config") or {}).get("revision"):  # hf-hub architecture of random weights
-        revision = weights_rec["config"]["revision"]
+    weights = WeightsIdentity.of_source(recorded)
+    if not revision and weights.origin == "hf-hub":  # a bundle's own revision, again
+        revision, expect = weights.revision, (weights.file,)
+    elif not revision and (weights.config or {}).get("revision"):  # hf-hub architecture of random weights
+        revision = (weights.config or {})["revision"]
     if revision and not repo_id:
         raise UserError(f"{what}: a revision (@{revision}) names a commit of a hub repository, and timm's {base} has none")
     if revision and recorded is None and not (pretrained or on_hub):

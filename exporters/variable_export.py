@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vitdeploy import onnx_io
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions,
                               write_labels)
 from vitdeploy.errors import CheckFailed, UsageError
+from vitdeploy.records import ArtifactRecord, StorageRecord, set_artifact, set_storage
 from vitdeploy.fileio import atomic_write_json
 from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas, mixed_sizes, padded_batch  # noqa: F401 - re-exported
 
@@ -76,10 +76,10 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
     })
     manifest["records"] = {"export": {"seconds": round(seconds, 2), "created": manifest["created"]}}
     if opts.external_data_threshold is not None:  # the bundle's later passes follow the same rule
-        manifest["storage"] = {onnx_io.MANIFEST_KEY: int(opts.external_data_threshold)}
+        set_storage(manifest, StorageRecord(external_data_threshold=int(opts.external_data_threshold)))
     with staged_bundle(out_dir) as stage:
         path = stage / ARTIFACT_FILES["fp32"]
-        manifest["artifacts"] = {"fp32": write_graph(path, model_proto, manifest)}
+        set_artifact(manifest, "fp32", ArtifactRecord.from_dict(write_graph(path, model_proto, manifest)))
         del model_proto  # written: the verification runs from the file
         write_labels(stage / LABELS, loaded.labels)
         atomic_write_json(stage / MANIFEST, manifest)
@@ -141,4 +141,4 @@ def verify_invariance(bundle: Bundle, loaded: LoadedModel, log: Callable[[str], 
                               f"{stats.top1_agreement:.0%}{'' if finite else ', non-finite outputs'}"]
     return {"passed": ok, "failures": failures, "kind": "variable-size invariance", "canvas": list(canvas),
             "sizes": [list(s) for s in sizes], "limit_max_abs": LIMIT_MAX_ABS, **stats.to_dict(),
-            "graph_sha256": bundle.artifact_record("fp32").get("sha256")}
+            "graph_sha256": bundle.artifact_sha256("fp32")}

@@ -48,7 +48,7 @@ def _variant_bundle(bundle: Bundle, height: int, width: int, log: Callable[[str]
     # a merged parent's resolution variants merge by its schedule; --merge-tokens cells by their own r
     own = (bundle.manifest.get("token_merge") or {}).get("schedule")
     schedule = str(merge) if merge is not None else (",".join(map(str, own)) if own else None)
-    parent_sha = bundle.artifact_record("fp32").get("sha256")
+    parent_sha = bundle.artifact_sha256("fp32")
     if (root / "manifest.json").is_file():
         variant = Bundle.open(root)
         if variant.manifest.get("variant_of") == parent_sha:
@@ -66,8 +66,8 @@ def _variant_bundle(bundle: Bundle, height: int, width: int, log: Callable[[str]
         interpolation=PosEmbedInterpolation.from_dict(interp),
         check_images=16,
         # the same outputs as the parent graph (a features bundle profiles its features)
-        outputs=tuple((bundle.manifest.get("graph") or {}).get("outputs") or ()) or None,
-        normalize_embedding=bool(((bundle.manifest.get("graph") or {}).get("output_details") or {}).get("embedding", {}).get("l2_normalized")),
+        outputs=tuple(bundle.graph.outputs or ()) or None,
+        normalize_embedding=bool(bundle.graph.output_detail("embedding").get("l2_normalized")),
         merge_tokens=schedule if schedule not in (None, "0") else None,
     )
     contract = bundle.variable_size

@@ -173,7 +173,7 @@ def verify_export(bundle: Bundle, variant: LoadedModel | References, count: int,
                  "memory_budget_mb": refs.memory_budget_mb, "sizes": [p.to_dict() for p in refs.plans]},
         "seconds": round(seconds, 2),
         "load_s": round(load_s, 2),
-        "graph_sha256": bundle.artifact_record("fp32").get("sha256"),
+        "graph_sha256": bundle.artifact_sha256("fp32"),
     }
 
 

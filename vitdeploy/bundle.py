@@ -27,6 +27,8 @@ from .fileio import atomic_write_json, atomic_write_text, sha256_cached, sweep_b
 from .manifest import FORMAT, is_embedding_model, model_kind, validate_bundle_manifest, validate_core
 from .precisions import ARTIFACT_FILES, BY_NAME, NAMES, REGISTRY, listing, writers_text  # noqa: F401 - ARTIFACT_FILES re-exported
 from .precisions import manifest_record as precision_record
+from .records import (ArtifactRecord, EngineRecord, GraphRecord, StorageRecord, WeightsIdentity, artifact_of, artifacts_of, engines_of,
+                      graph_of, storage_of, weights_of)
 from .spec import ViTSpec
 
 MANIFEST = "manifest.json"
@@ -86,17 +88,17 @@ class Bundle:
     def embedding_model(self) -> bool:
         """No class scores among the graph's declared outputs (manifest.is_embedding_model): a CLIP/SigLIP
         tower or a backbone. Label-based checks and metrics do not apply to it."""
-        return is_embedding_model(self.manifest.get("graph", {}).get("outputs"))
+        return is_embedding_model(self.graph.outputs)
 
     @property
     def embedding_width(self) -> int | None:
         """d of the embedding output as the manifest declares it ([batch, d]); None without one."""
-        shape = ((self.manifest.get("graph", {}).get("output_details") or {}).get("embedding") or {}).get("shape")
+        shape = self.graph.output_detail("embedding").get("shape")
         return int(shape[-1]) if shape and isinstance(shape[-1], int) else None
 
     def kind(self) -> str:
         """'an embedding model (512-d embedding, no classes)' or 'N classes' (manifest.model_kind)."""
-        return model_kind(self.manifest.get("graph", {}).get("outputs"), self.embedding_width, len(self.labels))
+        return model_kind(self.graph.outputs, self.embedding_width, len(self.labels))
 
     @property
     def preprocessing(self) -> dict[str, Any]:
@@ -118,13 +120,13 @@ class Bundle:
     def precisions(self) -> list[str]:
         """Precisions whose graph is present, in registry order (fp32 first)."""
         if self.bare_onnx is not None:
-            return [self.manifest.get("graph", {}).get("precision", "fp32")]
+            return [self.graph.get("precision", "fp32")]
         arts = self.manifest.get("artifacts", {})
         return [p for p in PRECISIONS if p in arts and (self.root / arts[p]["file"]).is_file()]
 
     def artifact_path(self, precision: str = "fp32") -> Path:
         if self.bare_onnx is not None:
-            have = self.manifest.get("graph", {}).get("precision", "fp32")
+            have = self.graph.get("precision", "fp32")
             if precision != have:
                 raise UserError(f"{self.bare_onnx} is a {have} graph; no {precision} graph (use a bundle folder)")
             return self.bare_onnx
@@ -156,6 +158,39 @@ class Bundle:
     def artifact_record(self, precision: str) -> dict[str, Any]:
         return dict(self.manifest.get("artifacts", {}).get(precision, {}))
 
+    # -- typed records (vitdeploy.records): what consumers read instead of the JSON layout ---------------
+    def artifact(self, key: str) -> ArtifactRecord | None:
+        """The record of one graph (a precision or a variant such as ``cpu``); None when the bundle has none."""
+        return artifact_of(self.manifest, key)
+
+    def artifacts(self) -> dict[str, ArtifactRecord]:
+        """Every graph's record, by key, in the manifest's order (whether the file is present or not)."""
+        return artifacts_of(self.manifest)
+
+    def artifact_sha256(self, key: str) -> str | None:
+        """The recorded sha256 of one graph; None when the bundle has no such graph."""
+        record = self.artifact(key)
+        return record.sha256 if record else None
+
+    def engines(self) -> dict[str, EngineRecord]:
+        """The engines built into engines/<target>, by target, in the manifest's order."""
+        return engines_of(self.manifest)
+
+    @property
+    def graph(self) -> GraphRecord:
+        """What the manifest core says about the graph: precision, inputs, outputs and what each holds ..."""
+        return graph_of(self.manifest)
+
+    @property
+    def weights(self) -> WeightsIdentity:
+        """Where the weights came from (the manifest's source.weights, with an older bundle's flat keys)."""
+        return weights_of(self.manifest)
+
+    @property
+    def storage(self) -> StorageRecord:
+        """The bundle's storage rule (external-data threshold chosen at export)."""
+        return storage_of(self.manifest)
+
     # -- writing -----------------------------------------------------------------------------
     def _require_folder(self) -> None:
         if self.bare_onnx is not None:
@@ -165,11 +200,13 @@ class Bundle:
         self._require_folder()
         atomic_write_json(self.root / MANIFEST, self.manifest)
 
-    def add_artifact(self, precision: str, file: Path, record: dict[str, Any] | None = None) -> None:
+    def add_artifact(self, precision: str, file: Path, record: dict[str, Any] | ArtifactRecord | None = None) -> None:
         """Record a graph that is already in place (written atomically by its producer)."""
         self._require_folder()
         from .onnx_io import file_record
 
+        if isinstance(record, ArtifactRecord):
+            record = record.to_dict()
         # the producer's record when it hashed the files as it wrote them (onnx_io.save), else read them:
         # the graph, and its external data file when it has one
         rec = dict(record or {}) if (record or {}).get("sha256") else {**file_record(file), **(record or {})}
@@ -179,10 +216,12 @@ class Bundle:
         self.drop_stale_records()
         self.save()
 
-    def record_engine(self, target: str, record: dict[str, Any]) -> None:
+    def record_engine(self, target: str, record: dict[str, Any] | EngineRecord) -> None:
         """Record an engine built into engines/<target>, with the precisions' "best" order from the registry,
         which readers without vitdeploy (the C++ host library's classify) choose an engine by."""
         self._require_folder()
+        if isinstance(record, EngineRecord):
+            record = record.to_dict()
         self.manifest.setdefault("engines", {})[target] = record
         self.manifest["precisions"] = precision_record()
         self.save()
@@ -197,10 +236,10 @@ class Bundle:
 
     def drop_stale_records(self) -> None:
         """Forget engines and reports made from a graph whose hash no longer matches."""
-        shas = {rec.get("sha256") for rec in self.manifest.get("artifacts", {}).values()}
+        shas = {rec.sha256 for rec in self.artifacts().values()}
         engines = self.manifest.get("engines", {})
-        for target in list(engines):
-            if engines[target].get("source_sha256") not in shas:
+        for target, engine in self.engines().items():
+            if engine.source_sha256 not in shas:
                 del engines[target]
         records = self.manifest.get("records", {})
         for key in list(records):

@@ -87,12 +87,12 @@ def graph_files(bundle: Bundle) -> dict[str, dict[str, Any]]:
         data = [p for p in referenced_files(path) if p.is_file()]
         if data:
             entry["data"] = {"file": data[0].name, "bytes": data[0].stat().st_size}
-        return {bundle.manifest.get("graph", {}).get("precision", "fp32"): entry}
+        return {bundle.graph.get("precision", "fp32"): entry}
     files = {}
-    for key, record in (bundle.manifest.get("artifacts") or {}).items():
-        if isinstance(record, dict) and record.get("file") and (bundle.root / record["file"]).is_file():
-            files[key] = {"file": record["file"], "bytes": (bundle.root / record["file"]).stat().st_size,
-                          **({"data": {k: record["data"].get(k) for k in ("file", "bytes")}} if record.get("data") else {})}
+    for key, record in bundle.artifacts().items():
+        if record.file and (bundle.root / record.file).is_file():
+            files[key] = {"file": record.file, "bytes": (bundle.root / record.file).stat().st_size,
+                          **({"data": {"file": record.data.file, "bytes": record.data.bytes}} if record.data else {})}
     return files
 
 

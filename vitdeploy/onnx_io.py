@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import InternalError, UserError
+from .records import STORAGE_THRESHOLD, storage_of
 from .fileio import hidden_dir, signals_deferred, temp_file
 from .storage import disk_errors, require_space
 from .onnx_wire import (MIN_EXTERNAL_TENSOR_BYTES, Hashing, Sources, external_info, is_external, plan, set_field, stub, tensor_bytes,
@@ -50,7 +51,7 @@ DEFAULT_THRESHOLD_BYTES = 1 << 30  # 1 GiB of weights: ViT-L/16 fp32 (1.22 GB) a
 # Protobuf's hard limit is 2 GiB for the whole message; weights past this always go external so the
 # nodes, names and metadata have room.
 INLINE_LIMIT_BYTES = (2 << 30) - (256 << 20)
-MANIFEST_KEY = "external_data_threshold"  # manifest["storage"][...]: the bundle's rule for later passes
+MANIFEST_KEY = STORAGE_THRESHOLD  # the bundle's rule for later passes (vitdeploy.records.StorageRecord)
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
@@ -88,7 +89,7 @@ def threshold(explicit: int | None = None, manifest: dict[str, Any] | None = Non
     else ``VITDEPLOY_EXTERNAL_DATA_THRESHOLD`` (the default of this environment), else 1 GiB."""
     if explicit is not None:
         return int(explicit)
-    recorded = ((manifest or {}).get("storage") or {}).get(MANIFEST_KEY)
+    recorded = storage_of(manifest).external_data_threshold
     if recorded is not None:
         return int(recorded)
     env = os.environ.get(THRESHOLD_ENV, "").strip()

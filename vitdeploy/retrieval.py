@@ -63,7 +63,7 @@ def bundle_retrieval(bundle: str | Path, precision: str, index: str = "digits:tr
     from .runtime.select import onnxruntime_runner
 
     b = Bundle.open(bundle)
-    if "embedding" not in (b.manifest.get("graph", {}).get("outputs") or []):
+    if "embedding" not in (b.graph.outputs or []):
         raise UserError(f"bundle {b.root} has no embedding output; export it with --outputs logits,probs,embedding")
     idx_images, idx_labels = labelled_split(index)
     q_images, q_labels = labelled_split(queries)

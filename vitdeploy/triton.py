@@ -219,7 +219,7 @@ def _onnx_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path], tup
         "graph_sha256": record.get("sha256"),
         **({"graph_data": record["data"]} if record.get("data") else {}),  # the external data file: name, sha256, bytes
         "preprocessing": bundle.preprocessing,
-        "outputs": (bundle.manifest.get("graph") or {}).get("output_details"),  # what each output holds
+        "outputs": bundle.graph.output_details,  # what each output holds
     }
     return [path, *extra], (inputs, outputs), provenance
 
@@ -280,7 +280,7 @@ def _tensorrt_artifact(bundle: Bundle, opts: TritonOptions) -> tuple[list[Path],
         "graph_sha256": engine.record.get("source_sha256"),
         "fingerprint": engine.fingerprint,
         "preprocessing": bundle.preprocessing,
-        "outputs": (bundle.manifest.get("graph") or {}).get("output_details"),  # what each output holds
+        "outputs": bundle.graph.output_details,  # what each output holds
     }
     return [engine.plan_path], (inputs, outputs), provenance
 

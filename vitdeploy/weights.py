@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .records import WeightsIdentity
+
 
 def is_random(source: dict[str, Any] | None) -> bool:
     """True for weights made by --random-init (also in bundles written before the weights record)."""
-    source = source or {}
-    weights = source.get("weights") or {}
-    return weights.get("origin") == "random" or bool(source.get("random_init"))
+    return WeightsIdentity.of_source(source).random
 
 
 def random_weights_notice(source: dict[str, Any] | None, exporting: bool = False) -> str | None:
@@ -27,7 +27,7 @@ def random_weights_notice(source: dict[str, Any] | None, exporting: bool = False
     if not is_random(source):
         return None
     source = source or {}
-    seed = (source.get("weights") or {}).get("seed", source.get("random_init_seed"))
+    seed = WeightsIdentity.of_source(source).seed
     seed_text = f", seed {seed}" if seed is not None else ""
     what = f"{source.get('kind')}:{source.get('name')}"
     if exporting:
@@ -40,39 +40,36 @@ def random_weights_notice(source: dict[str, Any] | None, exporting: bool = False
 def describe_weights(source: dict[str, Any] | None, with_sha256: bool = True) -> str:
     """Where the weights came from (and their sha256), in one line (inspect, the export log)."""
     source = source or {}
-    weights = source.get("weights") or {}
-    origin = weights.get("origin")
-    sha = weights.get("sha256") or source.get("weights_sha256")
-    digest = f", sha256 {sha}" if sha and with_sha256 else ""
-    if is_random(source):
-        seed = weights.get("seed", source.get("random_init_seed"))
-        return f"RANDOM (--random-init, seed {seed}){', state-dict' + digest[1:] if digest else ''}"
+    weights = WeightsIdentity.of_source(source)
+    origin = weights.origin
+    digest = f", sha256 {weights.sha256}" if weights.sha256 and with_sha256 else ""
+    if weights.random:
+        return f"RANDOM (--random-init, seed {weights.seed}){', state-dict' + digest[1:] if digest else ''}"
     if origin == "hf-hub":
-        asked = weights.get("requested_revision")
-        rev = f"@{weights.get('revision')}" + (f" (asked: {asked})" if asked and asked != weights.get("revision") else "")
-        shards = weights.get("shards") or []
-        files = f"{weights.get('file')}" + (f" + {len(shards)} shards" if shards else "")
-        return f"Hugging Face hub {weights.get('repo_id')}{rev}, {files}{digest}"
+        asked = weights.requested_revision
+        rev = f"@{weights.revision}" + (f" (asked: {asked})" if asked and asked != weights.revision else "")
+        shards = weights.shards or []
+        files = f"{weights.file}" + (f" + {len(shards)} shards" if shards else "")
+        return f"Hugging Face hub {weights.repo_id}{rev}, {files}{digest}"
     if origin == "checkpoint" or (origin is None and source.get("checkpoint")):
-        return f"checkpoint {weights.get('file') or source.get('checkpoint')}{digest}"
+        return f"checkpoint {weights.file or source.get('checkpoint')}{digest}"
     if origin == "builtin":
-        return f"builtin {source.get('name')} ({weights.get('file')}){digest}"
+        return f"builtin {source.get('name')} ({weights.file}){digest}"
     if origin == "local-dir":
-        return f"save_pretrained folder {source.get('name')} ({weights.get('file')}){digest}"
+        return f"save_pretrained folder {source.get('name')} ({weights.file}){digest}"
     if origin == "url":
-        return f"{weights.get('url')} ({weights.get('file')}){digest}"
+        return f"{weights.url} ({weights.file}){digest}"
     return f"{source.get('kind')}:{source.get('name')}{digest}"
 
 
 def weights_record(source: dict[str, Any] | None) -> dict[str, Any]:
     """What engine.json says about the weights the engine computes."""
-    source = source or {}
-    weights = source.get("weights") or {}
+    weights = WeightsIdentity.of_source(source)
     record = {
-        "origin": "random" if is_random(source) else weights.get("origin"),
-        "random": is_random(source),
+        "origin": "random" if weights.random else weights.origin,
+        "random": weights.random,
         "description": describe_weights(source),
-        "sha256": weights.get("sha256") or source.get("weights_sha256"),
+        "sha256": weights.sha256,
     }
     notice = random_weights_notice(source)
     if notice:

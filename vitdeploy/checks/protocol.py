@@ -138,7 +138,7 @@ def protocol_evidence(bundle: Bundle, contract: Any, feeds: dict[str, np.ndarray
     """All protocol checks on the fp32 graph for one batch of named feeds (the input contract's)."""
     path = bundle.artifact_path("fp32")
     images = feeds[contract.image_input]
-    tensors = bundle.manifest.get("graph", {}).get("patch_embed") or {}
+    tensors = bundle.graph.patch_embed or {}
     report: dict[str, Any] = {}
     expected_pre = dict(source_pre or bundle.preprocessing)
     expected_pre["channel_order"] = bundle.preprocessing.get("channel_order", "rgb")

@@ -60,14 +60,15 @@ def executions(bundle: Bundle, precision: str) -> list[tuple[str, str, bool]]:
         return [("reference (fake-quant)", "basic", True)]
     if precision != "int8":
         return [("onnxruntime", "all", True)]
-    target = bundle.artifact_record("int8").get("target", "tensorrt")
+    int8 = bundle.artifact("int8")
+    target = int8.get("target", "tensorrt") if int8 else "tensorrt"  # absent: a graph made for TensorRT
     return [("reference (fake-quant)", "basic", target != "cpu"), ("this CPU (int8 kernels)", "all", target == "cpu")]
 
 
 def cpu_graph(bundle: Bundle) -> list[str]:
     """["cpu"] when the bundle holds the fused CPU graph (`convert --target cpu`): scored by default."""
-    record = bundle.manifest.get("artifacts", {}).get("cpu") if bundle.bare_onnx is None else None
-    return ["cpu"] if record and (bundle.root / record["file"]).is_file() else []
+    record = bundle.artifact("cpu") if bundle.bare_onnx is None else None
+    return ["cpu"] if record and (bundle.root / record.file).is_file() else []
 
 
 def placement(bundle: Bundle, precision: str) -> dict[str, Any]:
@@ -123,7 +124,8 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
     artifacts, failures = [], []
     for precision in precisions:
         graph = bundle.artifact_path(precision)
-        record = bundle.artifact_record(precision)
+        record = bundle.artifact(precision)
+        data = record.data if record else None  # a large graph's external data file
         # artifact_path has verified the graph and its external data file against the manifest (sha256 of both)
         # a backend variant computes in its precision (model.cpu.onnx: fp32): those gates, against PyTorch as well
         computes_in = registry.computes_in(precision)
@@ -134,8 +136,8 @@ def run_check(path: str | Path, options: CheckOptions | None = None, log: Callab
             entry = score(against, computes_in, execution, runner, gated)
             entry["precision"] = precision
             entry.update({"file": graph.name, "sha256": sha256_cached(graph),  # what was measured, not what is claimed
-                          **({"data": {**record["data"], "sha256": sha256_cached(bundle.root / record["data"]["file"])}}
-                             if record.get("data") else {}),  # a large graph's external data file, measured too
+                          **({"data": {**data.to_dict(), "sha256": sha256_cached(bundle.root / data.file)}}
+                             if data else {}),  # a large graph's external data file, measured too
                           "providers": runner.info.details.get("providers"), "optimization": level})
             entry["batch_consistency"] = batch_consistency(runner, contract.take(sets[0].feeds, 0, 4))
             runner.close()
@@ -206,7 +208,7 @@ def _localise(reference: Any, graph: Path, bundle: Bundle, sets: list[CheckSet],
     if not whole:
         return {"available": False, "reason": "module outputs are compared on whole images; the rows of a canvas batch hold padded tokens"}
     probe = next((s for s in whole if s.real), whole[0]).images[:8]
-    return localise(reference, graph, bundle.manifest.get("graph", {}).get("module_outputs", {}), probe,
+    return localise(reference, graph, bundle.graph.module_outputs or {}, probe,
                     opts.gate.module_min_cosine(precision), precision)
 
 

@@ -136,7 +136,7 @@ def _write(bundle_path, report, out_dir, plot):
         if out_dir is None and bundle.bare_onnx is None:
             bundle.set_record("evaluate", {
                 "created": report["created"], "report": str(paths["json"].relative_to(bundle.root)),
-                "data": report["data"]["source"], "graph_sha256": bundle.artifact_record("fp32").get("sha256"),
+                "data": report["data"]["source"], "graph_sha256": bundle.artifact_sha256("fp32"),
                 "clean_accuracy": {s: r["clean"]["accuracy"] for s, r in report["results"].items()},
                 "flags": len(report["flags"]),
             })

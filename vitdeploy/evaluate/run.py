@@ -191,7 +191,7 @@ def run_evaluate(path: str | Path, options: EvaluateOptions | None = None, progr
         "vitdeploy_version": __version__,
         "bundle": {"path": str(bundle.bare_onnx or bundle.root), "name": bundle.name, "source": bundle.manifest.get("source"),
                    "resolution": bundle.resolution, "precisions": bundle.precisions(), "input": contract.describe(),
-                   "graphs": {p: bundle.artifact_record(p).get("sha256") for p in precisions}},
+                   "graphs": {p: bundle.artifact_sha256(p) for p in precisions}},
         "data": data.record(),
         "options": {**asdict(opts), "resolutions": [list(r) for r in resolutions]},
         "machine": {"platform": platform.platform(), "python": platform.python_version(),

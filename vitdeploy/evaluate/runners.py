@@ -51,7 +51,8 @@ class Scorer:
 def int8_execution(bundle: Bundle) -> tuple[str, str]:
     """(ORT optimisation level, description) of the execution an int8 graph targets: Q/DQ as
     fake-quant in float for TensorRT (ORT basic), integer kernels for a CPU target (ORT all)."""
-    target = bundle.artifact_record("int8").get("target", "tensorrt")
+    int8 = bundle.artifact("int8")
+    target = int8.get("target", "tensorrt") if int8 else "tensorrt"  # absent: a graph made for TensorRT
     if target == "cpu":
         return "all", "this CPU's int8 kernels (ORT all optimizations; the graph targets the CPU)"
     return "basic", "reference semantics: Q/DQ as fake-quant in float (ORT basic), what TensorRT computes"
@@ -121,7 +122,7 @@ def refuse_embedding_model(bundle: Bundle, what: str) -> None:
     """evaluate scores class predictions on labelled images; an embedding model (bundle.embedding_model:
     no logits/probs among its declared outputs) has none: one line saying what applies instead."""
     if bundle.embedding_model:
-        outputs = ",".join(bundle.manifest.get("graph", {}).get("outputs") or [])
+        outputs = ",".join(bundle.graph.outputs or [])
         raise UsageError(f"{bundle.root} is {bundle.kind()} (outputs {outputs}): {what} scores class predictions, which it has none of; "
                          "`vitdeploy check` measures its parity with PyTorch, `vitdeploy embed` writes its features")
 

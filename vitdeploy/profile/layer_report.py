@@ -132,7 +132,7 @@ def _graph(bundle: Bundle, record: Optional[Dict[str, Any]]) -> Tuple[Optional[A
     for path in candidates:
         if path.is_file():
             model = onnx.load(str(path), load_external_data=False)
-            module_outputs = (bundle.manifest.get("graph") or {}).get("module_outputs") if bundle.bare_onnx is None else None
+            module_outputs = bundle.graph.module_outputs if bundle.bare_onnx is None else None
             return layer_modules.NodeGroups.from_onnx(model, module_outputs), path.name
     return None, None
 

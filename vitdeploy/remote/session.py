@@ -30,6 +30,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import UserError
 from ..fileio import atomic_path, atomic_write_json, sha256_file, swap_dir
+from ..records import engines_of, set_engines
 from . import agent
 from .target import SSH_OPTIONS_ENV, Target, close_master, remote_shell, ssh_command
 
@@ -395,11 +396,13 @@ def _run(session: Session, request: RemoteRequest, bundle_dir: Path, log: Callab
             theirs = json.loads((staging / MANIFEST).read_text())
             ours = json.loads((bundle_dir / MANIFEST).read_text())
             merged = _merge_manifest(base_manifest, theirs, ours)
-            for unit in engine_dirs:
-                record = merged.get("engines", {}).get(unit.split("/", 1)[1])
-                if isinstance(record, dict):  # which device built it, as the workstation reached it
-                    record["built_on"] = {"on": str(session.target), "hostname": device.get("hostname"),
-                                          "device_model": device.get("device_model"), "machine": device.get("machine")}
+            engines = engines_of(merged)
+            built_on = {"on": str(session.target), "hostname": device.get("hostname"),
+                        "device_model": device.get("device_model"), "machine": device.get("machine")}
+            stamped = {target: engines[target].with_extras(built_on=built_on)  # which device built it, as the workstation reached it
+                       for target in (unit.split("/", 1)[1] for unit in engine_dirs) if target in engines}
+            if stamped:
+                set_engines(merged, {**engines, **stamped})
             atomic_write_json(bundle_dir / MANIFEST, merged)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

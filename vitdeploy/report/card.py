@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from ..precisions import REDUCED
-from ..weights import describe_weights, is_random, random_weights_notice
+from ..records import WeightsIdentity
+from ..weights import describe_weights, random_weights_notice
 from .sources import Sources
 
 
@@ -30,10 +31,10 @@ def _cell(text: str) -> str:
 
 def base_model(source: dict[str, Any]) -> str | None:
     """The hub repository the weights came from, where the manifest records one."""
-    weights = source.get("weights") or {}
-    if is_random(source):
+    weights = WeightsIdentity.of_source(source)
+    if weights.random:
         return None
-    return weights.get("repo_id") or None
+    return weights.repo_id or None
 
 
 def measured_results(src: Sources) -> list[dict[str, Any]]:
@@ -71,7 +72,7 @@ def model_card(src: Sources, created: str) -> str:
     tags = ["vision-transformer", "onnx", "vitdeploy"] + [p for p in graphs if p in REDUCED]
     if m.get("labels"):
         tags.append("image-classification")
-    if m.get("engines"):
+    if src.bundle.engines():
         tags.append("tensorrt")
     name = m.get("name") or src.bundle.root.name
     lines = ["---", "library_name: onnx", "tags:"] + [f"- {_q(t)}" for t in tags]

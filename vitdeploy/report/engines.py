@@ -30,7 +30,7 @@ def _portability(plan: dict[str, Any]) -> str:
 def engines_section(src: Sources) -> Markup:
     root = src.bundle.root
     parts: list[Any] = []
-    built = src.bundle.manifest.get("engines") or {}
+    built = {target: engine.to_dict() for target, engine in src.bundle.engines().items()}
     if built:
         rows = []
         for target, record in built.items():

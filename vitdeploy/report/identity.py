@@ -8,6 +8,7 @@ from typing import Any
 from .. import __version__
 from ..costs import costs_table
 from ..describe import output_lines, position_line
+from ..records import WeightsIdentity
 from ..weights import describe_weights, is_random, random_weights_notice
 from .html import Markup, el, esc, join, kv, num, section
 from .sources import Sources
@@ -27,26 +28,26 @@ def _sha(value: Any) -> Markup:
 def identity_section(src: Sources, created: str) -> Markup:
     m = src.bundle.manifest
     source = m.get("source") or {}
-    weights = source.get("weights") or {}
+    weights = WeightsIdentity.of_source(source)
     rows: list[tuple[str, Any]] = [("source", f"{source.get('kind')}:{source.get('name')}")]
     if is_random(source):
         rows.append(("weights", el("span", describe_weights(source), class_="fail")))
     else:
         rows.append(("weights", describe_weights(source, with_sha256=False)))
-    if weights.get("repo_id"):
-        rows.append(("hub repository", f"{weights['repo_id']}@{weights.get('revision') or '(no commit recorded)'}"))
-    if weights.get("file"):
-        rows.append(("weights file", weights["file"]))
-    rows.append(("weights sha256", _sha(weights.get("sha256") or source.get("weights_sha256"))))
+    if weights.repo_id:
+        rows.append(("hub repository", f"{weights.repo_id}@{weights.revision or '(no commit recorded)'}"))
+    if weights.file:
+        rows.append(("weights file", weights.file))
+    rows.append(("weights sha256", _sha(weights.sha256)))
     spec = m["spec"]
     rows.append(("architecture", f"{spec.get('family', 'vit')}: patch {spec['patch_size'][0]}x{spec['patch_size'][1]}, d={spec['embed_dim']}, "
                  f"depth {spec['depth']}, heads {spec['num_heads']}, MLP ratio {spec.get('mlp_ratio', 4.0):g}, "
                  f"{spec.get('num_prefix_tokens', 1)} prefix token(s), read-out {spec.get('global_pool')}"))
     files = []
     for precision, sha in src.graph_sha.items():
-        record = src.bundle.artifact_record(precision)
-        files.append(el("tr", el("td", precision), el("td", record["file"]),
-                        el("td", num(record.get("bytes"), ",d", f"manifest.json#/artifacts/{precision}/bytes")), el("td", _sha(sha))))
+        record = src.bundle.artifact(precision)
+        files.append(el("tr", el("td", precision), el("td", record.file),
+                        el("td", num(record.bytes, ",d", f"manifest.json#/artifacts/{precision}/bytes")), el("td", _sha(sha))))
     graphs = el("table", el("thead", el("tr", *(el("th", h, scope="col") for h in ("graph", "file", "bytes", "sha256 (verified now)")))),
                 el("tbody", *files))
     graph = m.get("graph") or {}

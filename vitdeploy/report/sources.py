@@ -66,9 +66,9 @@ def open_sources(path: str | Path) -> Sources:
                         "export with -o DIR")
     # every graph is hashed and compared with the manifest: a report never vouches for a swapped file
     graph_sha = {}
-    for precision in bundle.precisions() + (["cpu"] if "cpu" in bundle.manifest.get("artifacts", {}) else []):
+    for precision in bundle.precisions() + (["cpu"] if bundle.artifact("cpu") else []):
         bundle.artifact_path(precision)
-        graph_sha[precision] = bundle.artifact_record(precision)["sha256"]
+        graph_sha[precision] = bundle.artifact_sha256(precision)
     src = Sources(bundle, graph_sha)
     reports = bundle.reports_dir()
     src.check = [r for r in (_load(src, p) for p in sorted(reports.glob("check*.json"))) if r]
@@ -78,7 +78,7 @@ def open_sources(path: str | Path) -> Sources:
     src.engine_plans = [r for r in (_load(src, p) for p in sorted(reports.glob("engine-plan-*.json"))) if r]
     src.dla = [r for r in (_load(src, p) for p in sorted(reports.glob("dla-*.json"))) if r]
     src.recipes = [r for r in (_load(src, p) for p in sorted(reports.glob("precision-recipe-*.json"))) if r]
-    for target in sorted(bundle.manifest.get("engines", {})):
+    for target in sorted(bundle.engines()):
         src.engines[target] = _load(src, bundle.root / "engines" / target / "engine.json")
     return src
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..costs import vit_costs
+from ..records import ArtifactRecord, WeightsIdentity
 from ..weights import is_random
 from .html import Markup, el, esc, join, num, ptr
 from .sources import Sources
@@ -24,12 +25,12 @@ def summary(src: Sources) -> Markup:
 
 def _identity(src: Sources) -> Markup:
     source = src.bundle.manifest.get("source") or {}
-    weights = source.get("weights") or {}
-    sha = weights.get("sha256") or source.get("weights_sha256")
-    where = weights.get("repo_id") and f"{weights['repo_id']}@{(weights.get('revision') or '?')[:12]}"
+    weights = WeightsIdentity.of_source(source)
+    sha = weights.sha256
+    where = weights.repo_id and f"{weights.repo_id}@{(weights.revision or '?')[:12]}"
     return _card("identity", "Identity", [
         f"{source.get('kind')}:{source.get('name')}",
-        el("span", "RANDOM weights", class_="fail") if is_random(source) else (where or f"weights {weights.get('file') or weights.get('origin') or '?'}"),
+        el("span", "RANDOM weights", class_="fail") if is_random(source) else (where or f"weights {weights.file or weights.origin or '?'}"),
         join([esc("sha256 "), el("span", (sha or "–")[:16], class_="sha")]),
     ], "random" if is_random(source) else None)
 
@@ -77,13 +78,13 @@ def _precision(src: Sources) -> Markup:
 
     lines: list[Any] = []
     for precision in src.graph_sha:
-        record = src.bundle.artifact_record(precision)
+        size = (src.bundle.artifact(precision) or ArtifactRecord()).bytes or 0
         found = check_numbers(src, precision)
         acc: Any = esc("not checked")
         if found and "accuracy" in found[3]:
             rec, i, j, row = found
             acc = num(row["accuracy"], ".2%", ptr(rec.rel, "artifacts", i, "sets", j, "accuracy"))
-        lines.append(join([esc(f"{precision}: {(record.get('bytes') or 0) / 1024:.0f} KiB, "), acc]))
+        lines.append(join([esc(f"{precision}: {size / 1024:.0f} KiB, "), acc]))
     return _card("precision", "Precision", lines)
 
 
@@ -129,7 +130,7 @@ def _latency(src: Sources) -> Markup:
 
 
 def _engines(src: Sources) -> Markup:
-    built = src.bundle.manifest.get("engines") or {}
+    built = {target: engine.to_dict() for target, engine in src.bundle.engines().items()}
     lines: list[Any] = []
     if built:
         for target, record in built.items():

@@ -164,7 +164,7 @@ class Classifier:
     @property
     def outputs(self) -> list[str]:
         """The outputs the bundle's graph declares (logits, probs, embedding, patch_grid)."""
-        return list(self.bundle.manifest.get("graph", {}).get("outputs") or ("logits", "probs"))
+        return list(self.bundle.graph.outputs or ("logits", "probs"))
 
     def _require_output(self, name: str, *alternatives: str) -> None:
         have = self.outputs

@@ -97,9 +97,9 @@ def find_engines(bundle: Bundle) -> list[EngineEntry]:
                 entries.append(EngineEntry(path.parent.name, path.parent, fingerprint, {}))
         return entries
     entries = []
-    for target, record in sorted((bundle.manifest.get("engines") or {}).items()):
-        record = record if isinstance(record, dict) else {}
-        engine_dir = bundle.root / (record.get("dir") or f"engines/{target}")
+    for target, engine in sorted(bundle.engines().items()):
+        record = engine.to_dict()
+        engine_dir = bundle.root / (engine.dir or f"engines/{target}")
         try:
             fingerprint = read_fingerprint(engine_dir)
         except UserError:  # recorded but its engine.json is gone: listed, and it cannot run (says why when asked)

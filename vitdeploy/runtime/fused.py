@@ -21,9 +21,9 @@ def cpu_graph_for(bundle: Bundle) -> Path | None:
     """The bundle's fused CPU graph when it exists, passed its gate and was made from the current fp32 graph."""
     if bundle.bare_onnx is not None:
         return None
-    record = bundle.manifest.get("artifacts", {}).get(CPU_KEY)
-    if not record or not (bundle.root / record["file"]).is_file():
+    record = bundle.artifact(CPU_KEY)
+    if not record or not (bundle.root / record.file).is_file():
         return None
-    if record.get("derived_from") != bundle.artifact_record("fp32").get("sha256") or not record.get("gate", {}).get("passed"):
+    if record.derived_from != bundle.artifact_sha256("fp32") or not record.passed:
         return None
-    return bundle.root / record["file"]
+    return bundle.root / record.file
