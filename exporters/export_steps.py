@@ -14,6 +14,7 @@ import vitdeploy
 from vitdeploy import onnx_io
 from vitdeploy.bundle import FORMAT, Bundle, check_export_target, embed_manifest, read_labels
 from vitdeploy.fileio import ensure_writable_dir
+from vitdeploy.storage import disk_errors
 from vitdeploy.posembed import PosEmbedInterpolation
 
 from .regrid import make_dynamic, regrid_static
@@ -32,6 +33,9 @@ def open_export(source: Any, out_dir: str | Path, opts: Any, log: Callable[[str]
     # the fp32 graph holds the weights as float32: room for them (and the disk reserve), before the export
     weights = sum(4 * p.numel() for p in loaded.model.parameters()) + sum(b.numel() * b.element_size() for b in loaded.model.buffers())
     ensure_writable_dir(out_dir.parent, weights, out_dir.name)
+    # `-o new/path/bundle`: the folders above the bundle, as `mkdir -p` (the probes above remove what they made)
+    with disk_errors(out_dir.parent):
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
     return out_dir, loaded
 
 
