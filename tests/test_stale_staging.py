@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,12 @@ KILL_POINT = Path(__file__).with_name("kill_point.py")
 
 def hidden(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob(".*"))
+
+
+def backdate_an_hour(path: Path) -> None:
+    """Set ``path``'s times an hour before it was made: relative to its own mtime, so no clock is read."""
+    an_hour_before = path.stat().st_mtime - 3600
+    os.utime(path, (an_hour_before, an_hour_before))
 
 
 def test_a_dead_writers_leftovers_go_and_a_live_ones_stay(tmp_path: Path) -> None:
@@ -49,8 +54,7 @@ def test_a_pid_the_system_reused_is_not_the_writer(tmp_path: Path) -> None:
     try:
         left = tmp_path / f".model.fp16.onnx.staged.{later.pid}.ab12"
         left.mkdir()
-        an_hour_ago = time.time() - 3600
-        os.utime(left, (an_hour_ago, an_hour_ago))  # written long before that process started
+        backdate_an_hour(left)  # written long before that process started
         assert remove_stale(tmp_path) == [left]
     finally:
         later.communicate(b"")
@@ -59,7 +63,7 @@ def test_a_pid_the_system_reused_is_not_the_writer(tmp_path: Path) -> None:
 def test_a_leftover_named_before_pids_were_goes_when_older_than_this_process(tmp_path: Path) -> None:
     old = tmp_path / ".model.fp16.onnx.k2j4h5g6.staged"  # what convert named its staging folder before issue 36
     old.mkdir()
-    os.utime(old, (time.time() - 3600,) * 2)
+    backdate_an_hour(old)  # left by a run before this process
     assert remove_stale(tmp_path) == [old]
 
 
