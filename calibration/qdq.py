@@ -294,16 +294,23 @@ def quantize_graph(
 @contextlib.contextmanager
 def _library_step(graph: Path, parent: Path, what: str, copies: int = 1) -> Iterator[tuple[Path, Path]]:
     """(folder, graph) for a step of ORT's quantizer: it writes ``<graph>-inferred.onnx`` beside the graph
-    it is given and its other files in tempfile's folder, so it gets links to ``graph`` (and its data file)
+    it is given and its other files in tempfile's folder, so it gets a link to ``graph`` (and a copy of its data file)
     in a hidden folder of ours under ``parent``, and that folder as its temporary folder; all of it is
     removed when the step ends, whatever happens. On a full disk it writes a truncated file and fails
     parsing it (DecodeError): that is reported as the full disk it is (vitdeploy.storage.disk_errors)."""
     files = onnx_io.graph_files(graph)
+    # the graph file is a symbolic link; its external data files are copies, because onnx (>= 1.17) refuses
+    # external data in a symbolic link or a file with several hard links (a path-traversal guard)
+    data = [f for f in files if f != graph]
     needed = copies * sum(f.stat().st_size for f in files)  # its copies of the graph (shape-inferred, augmented, quantized)
+    needed += sum(f.stat().st_size for f in data)
     require_space(parent, needed, what)
     with hidden_dir(parent, "onnxruntime", "work") as folder:
         with disk_errors(folder, needed, what, symptoms=True):
             for src in files:
+                if src in data:
+                    shutil.copyfile(src, folder / src.name)
+                    continue
                 try:
                     (folder / src.name).symlink_to(src.resolve())
                 except OSError:  # no symlinks on this file system: a copy

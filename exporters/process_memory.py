@@ -15,22 +15,34 @@ import sys
 RELEASE_ABOVE_BYTES = 3 << 29  # 1.5 GiB resident
 
 
-def current_rss_bytes() -> int:
-    """This process's resident set now (Linux /proc), else its high-water mark."""
+def _status_bytes(*keys: str) -> dict[str, int]:
+    """Fields of /proc/self/status (Linux; kB there) in bytes; empty where there is no /proc."""
+    found: dict[str, int] = {}
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                key = line.split(":", 1)[0]
+                if key in keys:
+                    found[key] = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return peak_rss_bytes()
+    return found
+
+
+def current_rss_bytes() -> int:
+    """This process's resident set now (Linux /proc), else its high-water mark."""
+    return _status_bytes("VmRSS").get("VmRSS") or peak_rss_bytes()
 
 
 def peak_rss_bytes() -> int:
-    """This process's resident-set high-water mark (getrusage: KiB on Linux, bytes on macOS)."""
+    """This process's resident-set high-water mark: getrusage's ru_maxrss (KiB on Linux, bytes on macOS),
+    and never below /proc's VmHWM and VmRSS. The kernel keeps RSS in per-CPU counters; recent kernels
+    sum them exactly for /proc/self/status but getrusage reads the approximate value, so ru_maxrss can
+    lag VmRSS by a few hundred KiB (seen on 6.18: 715.7 MB now, 715.5 MB "peak"), more with more CPUs
+    the threads ran on; a peak below the current set would be no peak."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+    peak = int(peak if sys.platform == "darwin" else peak * 1024)
+    return max(peak, *_status_bytes("VmHWM", "VmRSS").values())
 
 
 def worth_releasing() -> bool:

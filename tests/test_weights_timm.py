@@ -102,7 +102,7 @@ def test_published_deit_from_the_offline_cache(cache, tmp_path):
     assert weights == {"origin": "hf-hub", "repo_id": f"timm/{DEIT}", "requested_revision": None,
                        "revision": cache["deit_commit"], "file": "model.safetensors", "sha256": sha256_file(file)}
     assert manifest["source"]["random_init"] is False and manifest["source"]["weights_sha256"] == sha256_file(file)
-    assert f"timm/{DEIT}@{cache['deit_commit']}" in proc.stdout  # the export says which weights
+    assert f"timm/{DEIT}@{cache['deit_commit']}" in proc.stderr  # the export says which weights (a log line: stderr)
     # the identity travels inside model.onnx too
     meta = {p.key: p.value for p in onnx.load(str(out / "model.onnx"), load_external_data=False).metadata_props}
     assert json.loads(meta["vitdeploy.source"])["weights"] == weights
@@ -196,7 +196,7 @@ def test_unreachable_hub_still_loads_a_cached_model(cache, tmp_path):
         proc = _cli("export", f"timm:hf-hub:{TINY}", "-o", str(tmp_path / "b"), "--check-images", "2", "--no-simplify", env=env)
         requests = hub.connections()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "cannot be reached" in proc.stdout and "from the cache" in proc.stdout
+    assert "cannot be reached" in proc.stderr and "from the cache" in proc.stderr  # a log line: stderr
     assert len(requests) == 1 and requests[0].startswith(f"GET /api/models/{TINY}"), requests  # the probe, then the cache only
     weights = json.loads((tmp_path / "b" / "manifest.json").read_text())["source"]["weights"]
     assert weights["revision"] == cache["tiny_commit"]
