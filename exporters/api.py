@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +15,7 @@ import torch
 from vitdeploy import onnx_io, precisions
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions, write_labels)
 from vitdeploy.errors import CheckFailed, UsageError, UserError
-from vitdeploy.fileio import atomic_write_json, library_temp
+from vitdeploy.fileio import atomic_write_json, hidden_dir, library_temp
 from vitdeploy.manifest import is_embedding_model, model_kind
 from vitdeploy.posembed import PosEmbedInterpolation
 from vitdeploy.preprocess import random_images
@@ -232,7 +230,8 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
     # against the exporter's graph, which waits on disk meanwhile: onnxslim holds its input and output
     # (about 2.1x the weights), and only 1.1x when nothing else holds its input (measured, ViT-B/16).
     # named like the staging folder (writer's pid), so a killed export's leftover is removed by the next
-    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.exporter.{os.getpid()}.", dir=out_dir.parent) as keep:
+    # hidden_dir makes the parent (a profile's variants/ folder may not exist yet) and removes it on failure
+    with hidden_dir(out_dir.parent, out_dir.name, "exporter") as keep:
         exporter_file = Path(keep) / ARTIFACT_FILES["fp32"]
         onnx_io.save(exporter_graph[0], exporter_file)
         with library_temp(keep):  # onnxslim's own temporary files (graphs past 2 GiB) in our folder, removed with it
