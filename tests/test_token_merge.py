@@ -183,10 +183,19 @@ def _graph_vs_reference(bundle, schedule):
 
     assert bundle.manifest["token_merge"]["schedule"] == list(schedule)
     images = random_images(4, 224, 224, seed=3)
-    ref = TorchRunner.from_bundle(bundle).run({"images": images})["logits"]
+    runner = TorchRunner.from_bundle(bundle)
+    sizes = []  # each merged block returns (tokens, size): how many patches every row stands for
+    for block in runner.model.blocks:
+        block.register_forward_hook(lambda _m, _i, out: sizes.append(out[1]))
+    ref = runner.run({"images": images})["logits"]
     got = OrtRunner(bundle.artifact_path("fp32")).run({"images": images})["logits"]
     assert np.abs(ref - got).max() <= 1e-4 * max(1.0, reference_spread(ref))
-    return ref
+    return ref, sizes
+
+
+def _prefix_never_merged(sizes, prefix, patches=196):
+    """Every block's size vector: each prefix row stands for itself alone, the patch rows for all patches."""
+    assert sizes and all(size[:, :prefix].eq(1).all() and size[:, prefix:].sum(dim=1).eq(patches).all() for size in sizes)
 
 
 def _lint_passes(bundle, tmp_path):
@@ -201,14 +210,26 @@ def _lint_passes(bundle, tmp_path):
         assert "nothing it cannot parse" in result.output or "every finding is rewritten by the lowering" in result.output
 
 
+# The real timm architectures at their real width, patch and resolution (ViT-S/16 and DeiT-S distilled at
+# 224: 196 patches, the same merge sizes as the full models), cut to SHALLOW blocks so the two exports stay
+# cheap; LayerScale (init_values) puts the ls1/ls2 path of the merged block in the graph too. The full-depth
+# (12-block) parity was verified by hand: docs/TOKEN_MERGING.md, "Verifying the full-depth graphs".
+SHALLOW = 4
+SHALLOW_KWARGS = {"depth": SHALLOW, "init_values": 0.5}
+
+
 @pytest.mark.slow
 def test_vit_s16_r8_graph_matches_merged_reference_and_passes_check_and_lint(export_cached, tmp_path):
+    """ViT-S/16 width at 224, r = 8 in every block: the merged graph equals the merged PyTorch reference
+    relative to the output spread, `check` passes, and the TensorRT lint passes (10.x/11.x as is, 8.5/8.6
+    after the lowering). Depth cut to SHALLOW blocks for cost; full depth: see the module note above."""
     from vitdeploy.checks.run import CheckOptions, run_check
 
-    bundle = export_cached("timm:vit_small_patch16_224", random_init=True, merge_tokens="8", check_images=8)
-    ref = _graph_vs_reference(bundle, (8,) * 12)
-    unmerged = export_cached("timm:vit_small_patch16_224", random_init=True, check_images=8)
-    assert unmerged.manifest.get("token_merge") is None
+    bundle = export_cached("timm:vit_small_patch16_224", random_init=True, model_kwargs=SHALLOW_KWARGS, merge_tokens="8",
+                           check_images=8)
+    ref, sizes = _graph_vs_reference(bundle, (8,) * SHALLOW)
+    _prefix_never_merged(sizes, prefix=1)
+    assert bundle.manifest["token_merge"]["tokens_per_block"][-1] == 197 - 8 * SHALLOW
     report = run_check(bundle.root, CheckOptions(random_count=8, batch=4, localise="never", write_report=False))
     assert report["passed"], report.get("failures")
     _lint_passes(bundle, tmp_path)
@@ -217,11 +238,15 @@ def test_vit_s16_r8_graph_matches_merged_reference_and_passes_check_and_lint(exp
 
 @pytest.mark.slow
 def test_deit_s_distilled_decreasing_schedule_graph_matches_merged_reference(export_cached):
-    schedule = (16, 16, 12, 12, 8, 8, 8, 4, 4, 4, 0, 0)
-    bundle = export_cached("timm:deit_small_distilled_patch16_224", random_init=True, merge_tokens=",".join(map(str, schedule)),
-                           check_images=8)
-    _graph_vs_reference(bundle, schedule)
-    assert bundle.manifest["token_merge"]["tokens_per_block"][-1] == 198 - sum(schedule)
+    """DeiT-S distilled width at 224 (CLS + DIST prefix) with a decreasing schedule: the graph equals the merged
+    reference, the export's own check passed, and neither prefix token is ever merged. Depth cut to SHALLOW
+    blocks for cost; full depth: see the module note above."""
+    schedule = (16, 12, 8, 4)
+    bundle = export_cached("timm:deit_small_distilled_patch16_224", random_init=True, model_kwargs=SHALLOW_KWARGS,
+                           merge_tokens=",".join(map(str, schedule)), check_images=8)
+    _, sizes = _graph_vs_reference(bundle, schedule)
+    _prefix_never_merged(sizes, prefix=2)  # CLS and DIST
+    assert bundle.manifest["token_merge"]["tokens_per_block"] == [198, 182, 170, 162, 158]
     assert bundle.manifest["records"]["export_check"]["passed"]
 
 
