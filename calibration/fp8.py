@@ -129,20 +129,9 @@ def calibrated_tensors(model: Any, sites: Sites, attention: str) -> list[str]:
 def collect_amax(model: Any, feeds: Iterable[dict[str, np.ndarray]], tensors: list[str], method: str,
                  percentile: float = DEFAULT_PERCENTILE, threads: int | None = None) -> dict[str, float]:
     """amax of each named fp32 tensor over ``feeds`` (max |x|, or the largest per-batch percentile of |x|)."""
-    onnx = require("onnx", "FP8 calibration")
-    ort = require("onnxruntime", "FP8 calibration")
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    present = {o.name for o in probe.graph.output}
-    for name in tensors:
-        if name not in present:
-            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # every named tensor kept
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    from .smooth import probe_session
+
+    session = probe_session(model, tensors, "none", threads)  # every named tensor kept
     result = {name: 0.0 for name in tensors}
     for feed in feeds:
         for name, value in zip(tensors, session.run(tensors, feed)):

@@ -188,8 +188,9 @@ def _attr(node: Any, name: str, default: int) -> int:
 
 
 # -- statistics -------------------------------------------------------------------------------
-def channel_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], tensors: list[str], threads: int | None = None) -> dict[str, np.ndarray]:
-    """max |x| per last-axis channel of each named tensor over every batch of ``feeds``."""
+def probe_session(model: Any, tensors: list[str], optimization: str = "basic", threads: int | None = None) -> Any:
+    """A CPU session of ``model`` whose outputs also include the named fp32 ``tensors`` (calibration statistics:
+    smoothing's channel maxima, FP8's amax). ``optimization``: "basic", or "none" to keep every named tensor."""
     onnx = require("onnx")
     ort = require("onnxruntime", "activation statistics")
     probe = onnx.ModelProto()
@@ -199,10 +200,17 @@ def channel_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], tensors: 
         if name not in present:
             probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimization == "basic"
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.log_severity_level = 3
     if threads:
         options.intra_op_num_threads = threads
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def channel_absmax(model: Any, feeds: Iterable[dict[str, np.ndarray]], tensors: list[str], threads: int | None = None) -> dict[str, np.ndarray]:
+    """max |x| per last-axis channel of each named tensor over every batch of ``feeds``."""
+    session = probe_session(model, tensors, "basic", threads)
     result: dict[str, np.ndarray] = {}
     for feed in feeds:
         values = session.run(tensors, feed)
