@@ -6,7 +6,7 @@ SIGTERM waits for the run to end. So the run goes to a worker thread (ONNX Runti
 while it computes) and the main thread waits on it in short slices, where the handler the CLI
 installed (cli/common.py: KeyboardInterrupt / Terminated) fires at once. On that exception the run
 is told to stop through ``RunOptions.terminate`` (checked by ONNX Runtime between nodes:
-https://onnxruntime.ai/docs/api/python/api_summary.html#runoptions), joined, and the exception goes
+https://onnxruntime.ai/docs/api/python/api_summary.html#runoptions), waited for, and the exception goes
 on up: nothing the command was writing has landed yet (it writes after its gates).
 """
 
@@ -27,28 +27,42 @@ def run(session: Any, names: Sequence[str] | None, feeds: dict[str, Any]) -> lis
 
     options = ort.RunOptions()
     result: dict[str, Any] = {}
+    # The worker says it is done through an event of ours, not Thread.join: a KeyboardInterrupt that
+    # lands inside join(timeout) makes CPython (3.8-3.12, threading.Thread._wait_for_tstate_lock, the
+    # bpo-45274 branch) release the tstate lock the *worker* holds and mark it stopped, so every later
+    # join() returns at once while ONNX Runtime still computes. The run's error then landed after we
+    # had dropped our references, kept the session alive, and the process aborted at interpreter exit
+    # ("terminate called without an active exception", exit 134 after the right line).
+    done = threading.Event()
 
     def work() -> None:
         try:
             result["out"] = session.run(names, feeds, options)
         except BaseException as exc:  # handed to the waiting thread, raised there
             result["error"] = exc
+        finally:
+            done.set()
 
     worker = threading.Thread(target=work, name="ort-run", daemon=True)
     try:
-        # held while the thread starts: an interrupt then lands once it has (so it is joined below)
+        # held while the thread starts: an interrupt then lands once it has (so it is waited for below)
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             worker.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        while worker.is_alive():
-            worker.join(WAIT_SLICE_S)
+        while not done.wait(WAIT_SLICE_S):
+            pass
     except BaseException:
         options.terminate = True  # ONNX Runtime returns at its next node
-        if worker.ident is not None:
-            worker.join()
-        result.clear()  # the run's own error ("terminate flag") and the worker's frame with it
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:  # a second Ctrl-C waits until the run has returned, then lands
+            if worker.ident is not None:
+                done.wait()
+                worker.join()  # signals blocked: nothing can cut this join short
+            result.clear()  # the run's own error ("terminate flag") and the worker's frame with it
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise
     if "error" in result:
         raise result.pop("error")

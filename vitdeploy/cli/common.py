@@ -143,11 +143,29 @@ class VitCommand(OneLineErrors, click.Command):
 
         signum = interrupted() or signum
         forget_interrupt()
+        _release_unwound_frames()
         if signum == signal.SIGTERM:
             click.echo(f"terminated (SIGTERM): {_WHAT_IS_LEFT}", err=True)
             ctx.exit(143)
         click.echo(f"interrupted: {_WHAT_IS_LEFT}", err=True)
         ctx.exit(130)
+
+
+def _release_unwound_frames() -> None:
+    """Free what the interrupted work still holds before the interpreter exits.
+
+    The exception being handled keeps every frame it unwound alive, and with them an ONNX Runtime
+    session cut short mid-pass. Left to interpreter shutdown, its thread pool is destroyed while
+    modules are torn down, which aborts the process ("terminate called without an active
+    exception", exit 134) after the one-line report. Clearing those frames and collecting now
+    destroys the session while the runtime is intact, so the exit code stays 130/143."""
+    import gc
+    import traceback
+
+    exc = sys.exc_info()[1]
+    if exc is not None and exc.__traceback__ is not None:
+        traceback.clear_frames(exc.__traceback__)  # frames still executing (this one) are skipped
+    gc.collect()
 
 
 def command(name: str, **kwargs: Any):
