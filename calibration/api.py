@@ -24,7 +24,7 @@ from vitdeploy.fileio import hidden_dir, sha256_file, signals_deferred
 from vitdeploy.gate import Gate
 from vitdeploy.lazy import require
 
-from .evaluate import GATED_EXECUTION, graph_outputs, latency_ms, load_eval_data
+from .evaluate import GATED_EXECUTION, fp32_accuracy_of, graph_outputs, latency_ms, load_eval_data
 from .exclusions import Exclusions, resolve
 from .qdq import METHODS, MIN_SAMPLES, Recipe, check_sample_count, compute_ranges, quantize_graph
 from .smooth import DEFAULT_ALPHA, SCOPES, Smoothing
@@ -148,7 +148,7 @@ def calibrate_bundle(
             # logits, and the embedding when the bundle exports one: the gate reads both
             # variable-size bundles: the reference is each image alone (the invariance), candidates run mixed batches
             fp32_ref = graph_outputs(fp32, data.images, "all", opts.threads, valid_hw=data.valid_hw, alone=data.valid_hw is not None)
-            fp32_accuracy = float((fp32_ref["logits"].argmax(1) == data.labels).mean()) if data.labels is not None else None
+            fp32_accuracy = fp32_accuracy_of(fp32_ref, data.labels)
             trials = Trials(fp32, source, data, fp32_ref, fp32_accuracy, opts.target, bundle.manifest, work, opts.gate,
                             threads=opts.threads, measure_latency=(mode == "sweep"), log=log, progress=progress)
             if mode == "sweep":
@@ -250,4 +250,4 @@ def _evaluation(data: Any, fp32_accuracy: float | None, scores: dict[str, Any] |
 
 def _gate_text(gate: Gate) -> str:
     return (f"accuracy drop <= {gate.max_drop_points:g} points, top-1 agreement >= {gate.min_agreement:.0%}, "
-            f"logit (and embedding) cosine (1st percentile of images) >= {gate.min_cosine:g}")
+            f"logit (and embedding) cosine (1st percentile of images) >= {gate.min_cosine:g}; an embedding model: the cosine only")

@@ -33,7 +33,7 @@ from vitdeploy.errors import CheckFailed, InternalError, UserError
 from vitdeploy.gate import Gate
 from vitdeploy.lazy import require
 
-from .evaluate import GATED_EXECUTION, graph_outputs, load_eval_data, scores
+from .evaluate import GATED_EXECUTION, fp32_accuracy_of, graph_outputs, load_eval_data, scores
 from .exclusions import Exclusions
 from .precision_units import Trial, Unit, compact_keep, damage, fp16_units, int8_units
 
@@ -75,7 +75,7 @@ class Int8Trials:
         check_sample_count(source, opts.method)
         self.data = _labelled_data(bundle, opts)
         ref = graph_outputs(fp32, self.data.images, "all", opts.threads, valid_hw=self.data.valid_hw, alone=self.data.valid_hw is not None)
-        self.fp32_accuracy = float((ref["logits"].argmax(1) == self.data.labels).mean()) if self.data.labels is not None else None
+        self.fp32_accuracy = fp32_accuracy_of(ref, self.data.labels)
         self.trials = Trials(fp32, source, self.data, ref, self.fp32_accuracy, opts.target, bundle.manifest, work, opts.gate,
                              threads=opts.threads, measure_latency=False)
         self.trials.executions = (GATED_EXECUTION[opts.target],)
@@ -126,7 +126,7 @@ class Fp16Trials:
         self.data = _labelled_data(bundle, opts)
         self.ref = graph_outputs(self.fp32, self.data.images, "all", opts.threads, valid_hw=self.data.valid_hw,
                                  alone=self.data.valid_hw is not None)
-        self.fp32_accuracy = float((self.ref["logits"].argmax(1) == self.data.labels).mean()) if self.data.labels is not None else None
+        self.fp32_accuracy = fp32_accuracy_of(self.ref, self.data.labels)
         self.units = fp16_units(self.model, bundle.manifest.get("graph") or {})
         self.feeds, self.range_record = range_feeds(bundle, opts.data)
         self.data_max = DEFAULT_DATA_MAX if opts.data_max is None else opts.data_max

@@ -75,10 +75,10 @@ def graph_outputs(path: str | Path, images: np.ndarray, optimization: str, threa
     try:
         gated = VARIABLE_GATED_OUTPUTS if valid_hw is not None else GATED_OUTPUTS
         names = tuple(n for n in gated if n in runner.outputs())
-        if "logits" not in names:
+        if not names:  # an embedding model (a CLIP/SigLIP tower, a headless DINO) is gated on its embedding
             from vitdeploy.errors import UserError
 
-            raise UserError(f"{Path(path).name} has no logits output: the INT8 gate scores accuracy and agreement on logits; "
+            raise UserError(f"{Path(path).name} has neither a logits nor an embedding output: the gate scores one of them; "
                             "calibrate without --eval-data, or export the bundle with --outputs logits,probs,embedding")
         if valid_hw is not None:
             from vitdeploy.variable import run_padded_graph
@@ -90,10 +90,15 @@ def graph_outputs(path: str | Path, images: np.ndarray, optimization: str, threa
 
 
 def scores(logits: Any, labels: np.ndarray | None, fp32_logits: Any) -> dict[str, Any]:
-    """Task scores against fp32; ``logits``/``fp32_logits`` may be output dicts (logits, embedding, probs)."""
+    """Task scores against fp32; ``logits``/``fp32_logits`` may be output dicts (logits, embedding, probs).
+
+    An embedding model's dict has no logits: its embedding is then the scored output (cosine per
+    image, as `check` gates it), and accuracy and top-1 agreement are None - there are no classes."""
     from vitdeploy.compare import cosine_percentile, cosine_rows
 
     extra: dict[str, Any] = {}
+    if isinstance(logits, dict) and "logits" not in logits:
+        return embedding_scores(logits["embedding"], fp32_logits["embedding"])
     if isinstance(logits, dict):
         for name in ("embedding", "probs"):
             if name in logits and isinstance(fp32_logits, dict) and name in fp32_logits:
@@ -114,6 +119,53 @@ def scores(logits: Any, labels: np.ndarray | None, fp32_logits: Any) -> dict[str
         "max_abs_logit_diff": float(np.abs(logits.astype(np.float64) - fp32_logits).max()),
         **extra,
     }
+
+
+def embedding_scores(embedding: np.ndarray, fp32_embedding: np.ndarray) -> dict[str, Any]:
+    """An embedding model's scores against fp32: the per-image cosine (the gate reads its 1st percentile);
+    no accuracy and no agreement. The nearest-neighbour agreement (each image's most similar other image
+    in the set, fp32 vs this graph) is reported for retrieval users; it is not gated: a set of similar
+    images (or random weights) has near-ties that any rounding flips."""
+    from vitdeploy.compare import cosine_percentile, cosine_rows
+
+    cosine = cosine_rows(fp32_embedding, embedding)
+    return {
+        "scored": "embedding",
+        "accuracy": None,
+        "top1_agreement": None,
+        "cosine_min": float(cosine.min()),
+        "cosine_p1": cosine_percentile(cosine),
+        "cosine_mean": float(cosine.mean()),
+        "max_abs_embedding_diff": float(np.abs(embedding.astype(np.float64) - fp32_embedding).max()),
+        "neighbour_agreement": neighbour_agreement(fp32_embedding, embedding),
+    }
+
+
+def neighbour_agreement(reference: np.ndarray, candidate: np.ndarray) -> float | None:
+    """Share of images whose most similar other image (cosine) is the same in both sets of embeddings."""
+    if len(reference) < 3:
+        return None
+
+    def nearest(e: np.ndarray) -> np.ndarray:
+        unit = e.astype(np.float64).reshape(len(e), -1)
+        unit = unit / np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)
+        sim = unit @ unit.T
+        np.fill_diagonal(sim, -np.inf)
+        return sim.argmax(axis=1)
+
+    return float((nearest(reference) == nearest(candidate)).mean())
+
+
+def fp32_accuracy_of(fp32_outputs: dict[str, np.ndarray], labels: np.ndarray | None) -> float | None:
+    """The fp32 graph's accuracy on labelled data, or None (no labels, or an embedding model: no classes)."""
+    if labels is None or "logits" not in fp32_outputs:
+        return None
+    return float((fp32_outputs["logits"].argmax(1) == labels).mean())
+
+
+def percent(value: float | None) -> str:
+    """A share as a percentage for tables and log lines; "n/a" where it does not apply (embedding models)."""
+    return "n/a" if value is None else f"{value:.2%}"
 
 
 def score_graph(path: str | Path, data: EvalData, fp32_logits: np.ndarray, threads: int | None = None,

@@ -30,7 +30,7 @@ from vitdeploy.lazy import require
 
 from vitdeploy.gate import Gate
 
-from .evaluate import GATED_EXECUTION, graph_outputs, load_eval_data, score_graph
+from .evaluate import GATED_EXECUTION, fp32_accuracy_of, graph_outputs, load_eval_data, percent, score_graph
 from .fp8 import FP8_METHODS, FP8_TYPE, Fp8Recipe, calibrated_tensors, collect_amax, find_sites, insert_qdq, inspect_fp8_placement
 from .sources import open_source
 
@@ -78,7 +78,7 @@ def calibrate_fp8_bundle(path: str | Path, options: Fp8Options | None = None, lo
     fp32_ref = fp32_accuracy = None
     if data is not None:
         fp32_ref = graph_outputs(fp32, data.images, "all", opts.threads)
-        fp32_accuracy = float((fp32_ref["logits"].argmax(1) == data.labels).mean()) if data.labels is not None else None
+        fp32_accuracy = fp32_accuracy_of(fp32_ref, data.labels)
 
     with tempfile.TemporaryDirectory(prefix="vitdeploy-fp8.") as tmp:
         work = Path(tmp)
@@ -100,7 +100,7 @@ def calibrate_fp8_bundle(path: str | Path, options: Fp8Options | None = None, lo
                 scores = score_graph(graph, data, fp32_ref, opts.threads, executions=(execution,))
                 passed, failures = opts.gate.verdict(fp32_accuracy, scores[execution])
                 row.update({k: scores[execution][k] for k in ("accuracy", "top1_agreement", "cosine_p1")}, passed=passed, failures=failures)
-                log(f"fp8 {method}: agreement {scores[execution]['top1_agreement']:.2%}, cosine p1 {scores[execution]['cosine_p1']:.4f}"
+                log(f"fp8 {method}: agreement {percent(scores[execution]['top1_agreement'])}, cosine p1 {scores[execution]['cosine_p1']:.4f}"
                     + ("" if passed else f" - {'; '.join(failures)}"))
             tried.append(row)
             if data is None or row["passed"]:

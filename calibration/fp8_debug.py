@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from vitdeploy.bundle import Bundle
 
-from .evaluate import GATED_EXECUTION, graph_outputs, score_graph
+from .evaluate import GATED_EXECUTION, fp32_accuracy_of, graph_outputs, score_graph
 from .fp8_api import Fp8Graphs
 from .precision_units import Trial, Unit, compact_keep, damage, int8_units
 from .sources import open_source
@@ -33,7 +33,7 @@ class Fp8Trials:
         self.execution = GATED_EXECUTION["tensorrt"]
         ref = graph_outputs(fp32, self.data.images, "all", opts.threads)
         self.ref = ref
-        self.fp32_accuracy = float((ref["logits"].argmax(1) == self.data.labels).mean()) if self.data.labels is not None else None
+        self.fp32_accuracy = fp32_accuracy_of(ref, self.data.labels)
         self.graphs = Fp8Graphs(bundle, source, "fp8", opts.data_max, opts.threads, work)
         self.units = int8_units(self.graphs.model32, bundle.manifest.get("graph") or {})
         sites = set(self.graphs.sites.linear) | set(self.graphs.sites.attention)

@@ -18,6 +18,7 @@ import numpy as np
 from vitdeploy.bundle import Bundle
 from vitdeploy.fileio import atomic_path, atomic_write_json
 
+from .evaluate import percent
 from .recipe_file import write_recipe
 
 REPORTS = "reports"
@@ -89,7 +90,7 @@ def render_table(report: dict[str, Any], limit: int = 12) -> Any:
     for r in rows[:limit]:
         acc = "n/a" if r["accuracy"] is None else f"{r['accuracy']:.2%}"
         extra = f" ({r['overflow_tensors']} overflow)" if r.get("overflow_tensors") else ""
-        table.add_row(r["unit"], r["kind"], str(r["layers"]), f"{r['damage']:.3f}", acc, f"{r['top1_agreement']:.2%}",
+        table.add_row(r["unit"], r["kind"], str(r["layers"]), f"{r['damage']:.3f}", acc, percent(r["top1_agreement"]),
                       f"{r['cosine_p1']:.4f}", ("fails gate" if not r["passed"] else "ok") + extra)
     return table
 

@@ -60,14 +60,15 @@ class Trial:
     def row(self) -> dict[str, Any]:
         s = self.scores
         return {"label": self.label, "passed": self.passed, "failures": self.failures, "damage": round(self.damage, 4),
-                "reduced_layers": self.reduced_layers, "accuracy": s.get("accuracy"), "top1_agreement": s["top1_agreement"],
+                "reduced_layers": self.reduced_layers, "accuracy": s.get("accuracy"), "top1_agreement": s.get("top1_agreement"),
                 "cosine_p1": s["cosine_p1"], "overflow_tensors": len(self.overflow)}
 
 
 def damage(gate: Gate, fp32_accuracy: float | None, scores: dict[str, Any], overflow: int = 0) -> float:
     """Share of the gate's tolerance a graph uses (>= 1: fails the gate; overflow counts as 10)."""
-    parts = [(1.0 - scores["top1_agreement"]) / max(1.0 - gate.min_agreement, 1e-9),
-             (1.0 - scores["cosine_p1"]) / max(1.0 - gate.min_cosine, 1e-9)]
+    parts = [(1.0 - scores["cosine_p1"]) / max(1.0 - gate.min_cosine, 1e-9)]
+    if scores.get("top1_agreement") is not None:  # None: an embedding model (no classes)
+        parts.append((1.0 - scores["top1_agreement"]) / max(1.0 - gate.min_agreement, 1e-9))
     acc = scores.get("accuracy")
     if fp32_accuracy is not None and acc is not None:
         parts.append(max(0.0, (fp32_accuracy - acc) * 100.0) / max(gate.max_drop_points, 1e-9))

@@ -32,7 +32,7 @@ import numpy as np
 from vitdeploy.errors import InternalError, UserError
 from vitdeploy.gate import Gate
 
-from .evaluate import GATED_EXECUTION, EvalData, latency_ms, score_graph
+from .evaluate import GATED_EXECUTION, EvalData, latency_ms, percent, score_graph
 from .exclusions import Exclusions
 from .qdq import METHODS, Recipe, compute_ranges, quantize_graph
 from .smooth import DEFAULT_ALPHA, Smoothing, smooth_graph
@@ -172,7 +172,7 @@ class Trials:
         self.candidates.append(cand)
         s = result[self.execution]
         self.log(f"  {recipe.method:10s} {preset:18s} {_smooth_tag(recipe):12s} int8 layers {cand.int8_layers:3d}  {_fmt(s['accuracy'])} acc  "
-                 f"{s['top1_agreement']:.2%} agree  cos p1 {s['cosine_p1']:.4f} (worst {s['cosine_min']:.4f})  "
+                 f"{percent(s['top1_agreement'])} agree  cos p1 {s['cosine_p1']:.4f} (worst {s['cosine_min']:.4f})  "
                  f"{'ok' if passed else 'below gate: ' + '; '.join(failures)}")
         return cand
 
@@ -228,7 +228,8 @@ def choose(candidates: list[Candidate], target: str) -> Candidate | None:
 
     def quality(c: Candidate) -> tuple[float, float]:
         s = c.scores[execution]
-        return (s["top1_agreement"], s["accuracy"] if s["accuracy"] is not None else 0.0)
+        agreement = s["top1_agreement"] if s["top1_agreement"] is not None else s["cosine_p1"]  # embedding models: cosine
+        return (agreement, s["accuracy"] if s["accuracy"] is not None else 0.0)
 
     if target == "tensorrt":
         # this CPU's latency says nothing about a GPU: full ties go to the earlier candidate
@@ -261,8 +262,8 @@ def render_table(candidates: list[Candidate], best: Candidate | None, fp32_accur
     for c in candidates:
         ref, cpu = c.scores["reference"], c.scores["this_cpu"]
         table.add_row("*" if c is best else "", c.recipe.method, c.preset, _smooth_tag(c.recipe), str(c.int8_layers),
-                      _fmt(ref["accuracy"]), f"{ref['top1_agreement']:.2%}", f"{ref['cosine_p1']:.4f}",
-                      _fmt(cpu["accuracy"]), f"{cpu['top1_agreement']:.2%}", f"{cpu['cosine_p1']:.4f}",
+                      _fmt(ref["accuracy"]), percent(ref["top1_agreement"]), f"{ref['cosine_p1']:.4f}",
+                      _fmt(cpu["accuracy"]), percent(cpu["top1_agreement"]), f"{cpu['cosine_p1']:.4f}",
                       f"{c.latency_ms:.2f}", "ok" if c.passed else "; ".join(c.failures))
     return table
 

@@ -44,7 +44,7 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
     (one line) when it fails. Returns the record (with ``sanity`` for a single-size graph). ``measured``: the
     range pass's max |x| of every fp32 tensor and the images it ran on ({"absmax", "images"}), which the
     overflow look-up reuses instead of running again."""
-    from vitdeploy.calibration.evaluate import graph_outputs, load_eval_data, scores
+    from vitdeploy.calibration.evaluate import fp32_accuracy_of, graph_outputs, load_eval_data, scores
     from vitdeploy.gate import Gate
 
     from .fp16_range import image_budget
@@ -86,18 +86,19 @@ def gate_fp16(fp32_path: Path, fp16_path: Path, bundle: Bundle, eval_spec: str |
         record["numbers"].update({"budget": {"requested": GATE_IMAGES, "images": plan.images, "batch": plan.batch},
                                   "step_seconds": {"fp32": ref_s, "fp16": got_s}})
     labelled = None
-    if not failures and _has_logits(fp32_path):
+    embedding_model = not _has_logits(fp32_path)  # its real-image gate is the embedding's cosine (no classes)
+    if not failures:
         try:
             labelled = load_eval_data(bundle, eval_spec)
         except (ImportError, MissingDependencyError):
             if eval_spec is not None:
                 raise
             labelled = None  # the default split needs scikit-learn (absent on a device): numbers only
-    if labelled is not None and labelled.labels is not None:
+    if labelled is not None and (labelled.labels is not None or embedding_model):
         alone = labelled.valid_hw is not None
         ref = graph_outputs(fp32_path, labelled.images, "all", threads, valid_hw=labelled.valid_hw, alone=alone)
         got = graph_outputs(fp16_path, labelled.images, "all", threads, valid_hw=labelled.valid_hw)
-        fp32_acc = float((ref["logits"].argmax(1) == labelled.labels).mean())
+        fp32_acc = fp32_accuracy_of(ref, labelled.labels)
         task = scores(got, labelled.labels, ref)
         task["finite"] = bool(all(np.isfinite(v).all() for v in got.values()))
         passed, task_failures = gate.verdict(fp32_acc, task)

@@ -159,3 +159,39 @@ def test_embed_names_an_unreadable_file_and_goes_on(tower, tmp_path) -> None:
     assert not strict.exists() and not (tmp_path / "t.txt").exists()  # stopped before writing anything
     proc = _cli("embed", bundle, str(folder), "-o", str(strict), "--strict", "--skip-unreadable")
     assert proc.returncode == 2 and "give one of them" in proc.stderr
+
+
+@pytest.mark.slow
+def test_calibrate_and_convert_gate_an_embedding_model_on_its_embedding(tower, tmp_path) -> None:
+    """An embedding model has no classes to agree on: `calibrate` (int8) and `convert --precision fp16`
+    gate it on the embedding's cosine against fp32 on real images, say so, and refuse a graph below it."""
+    import shutil
+
+    bundle = tmp_path / "tower"
+    shutil.copytree(tower["out"], bundle)
+    proc = _cli("calibrate", str(bundle), "--data", "digits:train", "--samples", "64", "--eval-data", "digits:test",
+                "--eval-limit", "48", "--method", "minmax", env=tower["env"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "embedding against fp32: int8 reference (fake-quant) cosine p1" in proc.stdout
+    evaluation = json.loads((bundle / "manifest.json").read_text())["artifacts"]["int8"]["evaluation"]
+    for execution in ("reference", "this_cpu"):
+        scores = evaluation[execution]
+        assert scores["scored"] == "embedding" and scores["accuracy"] is None and scores["top1_agreement"] is None
+        assert 0.0 <= scores["neighbour_agreement"] <= 1.0
+    assert evaluation["gate"]["passed"] and evaluation["reference"]["cosine_p1"] >= 0.99
+
+    # the same gate refuses a graph below it, naming the embedding's cosine, and writes nothing
+    strict = tmp_path / "strict"
+    shutil.copytree(tower["out"], strict)
+    proc = _cli("calibrate", str(strict), "--data", "digits:train", "--samples", "64", "--eval-data", "digits:test",
+                "--eval-limit", "48", "--method", "minmax", "--min-cosine", "0.9999999", env=tower["env"])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert "embedding cosine (1st percentile of images)" in proc.stderr
+    assert not (strict / "model.int8.onnx").exists()
+
+    proc = _cli("convert", str(bundle), "--precision", "fp16", "--data", "digits:test", env=tower["env"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "embedding cosine p1" in proc.stdout
+    gate = json.loads((bundle / "manifest.json").read_text())["artifacts"]["fp16"]["gate"]
+    assert gate["passed"] and gate["task"]["scored"] == "embedding" and gate["task"]["cosine_p1"] >= 0.99
+    assert gate["task"]["data"] == "digits:test" and gate["task"]["top1_agreement"] is None

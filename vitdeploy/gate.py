@@ -91,10 +91,12 @@ class Gate:
         probs = scores.get("probs_cosine_p1")  # variable-size graphs are gated per output
         if probs is not None and probs < self.min_cosine:
             failures.append(f"probs cosine (1st percentile of images) {probs:.4f} < {self.min_cosine:g}")
-        if scores["top1_agreement"] < self.min_agreement:
-            failures.append(f"top-1 agreement {scores['top1_agreement']:.2%} < {self.min_agreement:.0%}")
-        if scores["cosine_p1"] < self.min_cosine:
-            failures.append(f"logit cosine (1st percentile of images) {scores['cosine_p1']:.4f} < {self.min_cosine:g}")
+        agreement = scores.get("top1_agreement")  # None: an embedding model, no classes to agree on
+        if agreement is not None and agreement < self.min_agreement:
+            failures.append(f"top-1 agreement {agreement:.2%} < {self.min_agreement:.0%}")
+        if not scores["cosine_p1"] >= self.min_cosine:
+            scored = "embedding" if scores.get("scored") == "embedding" else "logit"
+            failures.append(f"{scored} cosine (1st percentile of images) {scores['cosine_p1']:.4f} < {self.min_cosine:g}")
         acc = scores.get("accuracy")
         if fp32_accuracy is not None and acc is not None and (fp32_accuracy - acc) * 100 > self.max_drop_points + 1e-9:
             failures.append(f"accuracy {acc:.2%} is {(fp32_accuracy - acc) * 100:.2f} points below fp32 {fp32_accuracy:.2%} "

@@ -145,7 +145,8 @@ def _calibrate_fp8(bundle, attention, data, method, samples, eval_data, eval_lim
     click.echo(f"model.fp8.onnx: E4M3 Q/DQ on {lin['fp8']}/{lin['total']} linear layers and {record['attention']['fp8']}/"
                f"{record['attention']['matmuls']} attention matmuls ({record['method']})"
                + (f"; accuracy {ev['accuracy']:.2%}, top-1 agreement {ev['top1_agreement']:.2%}, cosine p1 {ev['cosine_p1']:.4f}"
-                  if ev.get("accuracy") is not None else ""))
+                  if ev.get("accuracy") is not None else "")
+               + (f"; embedding cosine p1 {ev['cosine_p1']:.4f}" if ev.get("scored") == "embedding" else ""))
     click.echo(graph_memory_line(record))
 
 
@@ -193,11 +194,17 @@ def _summary(record: dict[str, Any]) -> str:
         def acc(v: Any) -> str:
             return "n/a" if v is None else f"{v:.2%}"
 
-        lines.append(f"{ev['data']} ({ev['count']} images): fp32 {acc(ev['fp32_accuracy'])}; "
-                     f"int8 reference (fake-quant) {acc(ev['reference']['accuracy'])}, agreement {ev['reference']['top1_agreement']:.2%}, "
-                     f"worst cosine {ev['reference']['cosine_min']:.4f}; "
-                     f"int8 on this CPU {acc(ev['this_cpu']['accuracy'])}, agreement {ev['this_cpu']['top1_agreement']:.2%}, "
-                     f"worst cosine {ev['this_cpu']['cosine_min']:.4f}")
+        if ev["reference"].get("scored") == "embedding":  # an embedding model: no classes, its embedding is gated
+            lines.append(f"{ev['data']} ({ev['count']} images), embedding against fp32: int8 reference (fake-quant) cosine p1 "
+                         f"{ev['reference']['cosine_p1']:.4f} (worst {ev['reference']['cosine_min']:.4f}), nearest-neighbour agreement "
+                         f"{acc(ev['reference'].get('neighbour_agreement'))}; int8 on this CPU cosine p1 {ev['this_cpu']['cosine_p1']:.4f}, "
+                         f"nearest-neighbour agreement {acc(ev['this_cpu'].get('neighbour_agreement'))}")
+        else:
+            lines.append(f"{ev['data']} ({ev['count']} images): fp32 {acc(ev['fp32_accuracy'])}; "
+                         f"int8 reference (fake-quant) {acc(ev['reference']['accuracy'])}, agreement {acc(ev['reference']['top1_agreement'])}, "
+                         f"worst cosine {ev['reference']['cosine_min']:.4f}; "
+                         f"int8 on this CPU {acc(ev['this_cpu']['accuracy'])}, agreement {acc(ev['this_cpu']['top1_agreement'])}, "
+                         f"worst cosine {ev['this_cpu']['cosine_min']:.4f}")
     variable = cal.get("variable_size")
     if variable:  # a two-input (images, valid_hw) bundle
         lines.append(f"variable size: calibrated on (images, valid_hw) pairs at {variable['distinct_sizes']} sizes "

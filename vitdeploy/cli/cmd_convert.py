@@ -95,8 +95,12 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
                f"{sanity.get('max_abs_logit_diff', float('nan')):.2e}, top-1 agreement {sanity.get('top1_agreement', float('nan')):.0%}")
     task = (record.get("gate") or {}).get("task")
     if task:
-        click.echo(f"gate on {task['data']} ({task['count']} images): fp32 {task['fp32_accuracy']:.2%}, fp16 {task['accuracy']:.2%}, "
-                   f"agreement {task['top1_agreement']:.2%}, logit cosine p1 {task['cosine_p1']:.4f}: passed")
+        if task.get("scored") == "embedding":  # an embedding model: no classes
+            click.echo(f"gate on {task['data']} ({task['count']} images): embedding cosine p1 {task['cosine_p1']:.4f} "
+                       f"(worst {task['cosine_min']:.4f}) against fp32: passed")
+        else:
+            click.echo(f"gate on {task['data']} ({task['count']} images): fp32 {task['fp32_accuracy']:.2%}, fp16 {task['accuracy']:.2%}, "
+                       f"agreement {task['top1_agreement']:.2%}, logit cosine p1 {task['cosine_p1']:.4f}: passed")
     click.echo(graph_memory_line(record))
     mask = record.get("mask_path")
     if mask:  # a variable-size (images, valid_hw) graph

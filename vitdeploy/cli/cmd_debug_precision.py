@@ -68,8 +68,9 @@ def command(bundle, precision, data, samples, eval_data, eval_limit, method, smo
     get_console().print(render_table(report))
     result = report["result"]
     kept = ", ".join(report["kept"]) or "nothing (the whole graph passes)"
+    agreement = "n/a" if result.get("top1_agreement") is None else f"{result['top1_agreement']:.2%}"  # n/a: an embedding model
     click.echo(f"keep in higher precision: {kept}; {precision} layers {result['reduced_layers']}, agreement "
-               f"{result['top1_agreement']:.2%}, logit cosine p1 {result['cosine_p1']:.4f}: {'passes' if result['passed'] else 'fails'}")
+               f"{agreement}, cosine p1 {result['cosine_p1']:.4f}: {'passes' if result['passed'] else 'fails'}")
     click.echo(f"recipe: {report['recipe_file']} (report {report['json']}, plot {report['png']})")
     if precision != "fp16":  # the calibrated precisions take the recipe file itself
         click.echo(f"reproduce: vitdeploy calibrate {bundle} --precision {precision} --recipe {report['recipe_file']}"
