@@ -14,6 +14,9 @@ recomputation, not a resampling, and the rule is timm's: integer grid coordinate
   dynamo exporter); an absolute table (EVA-02 has one) is resampled with the bundle's convention,
   as for plain ViTs.
 
+DINOv3's rotary (``RotaryEmbeddingDinoV3``: patch centres normalised by the grid) is recorded here;
+its dynamic coordinates are computed in-graph by its adapter (exporters/adapters/timm_dinov3.py).
+
 sin/cos and the rotation multiplies stay fp32 in the fp16 graph (``exporters/fp16.py``), as timm
 computes them in fp32 under autocast.
 """
@@ -44,7 +47,8 @@ def rope_type(model: Any) -> str | None:
     if kind is None:
         raise UserError(
             f"rotary embedding {type(rope).__name__} is not one vitdeploy has verified (supported: axial "
-            "'cat' as in EVA-02 and vit_*_rope_*, learned 'mixed' as in vit_*_rope_mixed_*)"
+            "'cat' as in EVA-02 and vit_*_rope_*, learned 'mixed' as in vit_*_rope_mixed_*, centred 'dinov3' as in "
+            "vit_*_dinov3*)"
         )
     return kind
 
