@@ -38,7 +38,8 @@ CLASSIFIER_ARGS = {"depth": 2, "embed_dim": 64, "num_heads": 2, "img_size": 96, 
 
 
 def _trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Real values where timm initialises to ~0: LayerScale ~0.5, tokens, q/v biases, the head."""
+    """Real values where timm initialises to ~0: LayerScale ~0.5, tokens, q/v biases, the head; and q/k
+    large enough that attention follows the rotary positions (a wrong rope then moves the outputs)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -46,6 +47,8 @@ def _trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
                 p.copy_(0.4 + 0.2 * torch.rand(p.shape, generator=gen))
             elif name in ("cls_token", "reg_token") or name.endswith(("q_bias", "v_bias")):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+            elif name.endswith("attn.qkv.weight"):  # attention logits of order 1: what a token attends to depends on position
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
             elif name.startswith("head") and name.endswith("weight"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
             elif p.dim() >= 2:
