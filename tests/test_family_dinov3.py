@@ -178,6 +178,30 @@ def test_in_graph_rope_equals_timm_get_embed_at_every_grid():
                     assert (got - want).abs().max().item() <= 1e-6, (normalize, indexing, half, grid)
 
 
+def test_parity_would_catch_a_rope_baked_at_the_native_grid(hub):
+    """What timm's get_embed becomes when traced as it is (float(G) a constant of the export grid): every
+    grid's coordinates divided by the native G. On these test weights that moves the outputs far outside
+    the parity gate used below, so the photo parity tests do measure the rotary rule."""
+    import math
+
+    model = _timm_published()
+    rope, native = model.rope, model.patch_embed.grid_size[0]
+
+    def baked(shape=None, dtype=None):
+        axes = [(torch.arange(s, dtype=torch.float32) + 0.5) / native for s in shape]
+        coords = 2.0 * torch.stack(torch.meshgrid(axes, indexing="ij"), dim=-1).flatten(0, 1) - 1.0
+        angles = (2 * math.pi * coords[:, :, None] / rope.periods[None, None, :]).flatten(1)
+        return torch.cat([angles.sin().repeat(1, 2), angles.cos().repeat(1, 2)], dim=-1)  # half layout
+
+    grid = tuple(model.patch_embed.grid_size)
+    assert (baked(grid) - rope.get_embed(shape=grid)).abs().max() <= 1e-6  # the same rule at the native grid
+    images = real_photos(4, *DYNAMIC_OTHER)
+    want = _timm_outputs(model, images)
+    rope.get_embed = baked  # this instance only
+    got = _timm_outputs(model, images)
+    assert np.abs(got["patch_grid"] - want["patch_grid"]).max() > 100 * 1e-4
+
+
 # -- exports from the offline hub cache -----------------------------------------------------------
 def test_dynamic_bundle_matches_timm_on_photos_at_native_and_non_square(hub, bundles):
     bundle = bundles["dynamic"]

@@ -4,8 +4,13 @@
 What differs from the other rotary ViTs is the coordinate rule: every patch gets the *centre* of its
 cell normalised by the grid, ``2 (i + 0.5) / G - 1`` per axis (in [-1, 1], so a larger image keeps
 the trained span of angles), times ``2 pi / period`` with periods ``temperature ** (4 j / head_dim)``.
-timm builds those coordinates with ``float(G)`` and ``torch.arange(0.5, G)`` (timm/layers/
-pos_embed_sincos.py ``_build_grid``, grid_type 'centered'), which a dynamic export cannot keep symbolic.
+timm builds those coordinates with ``float(G)`` and ``torch.arange(0.5, G)`` (huggingface/pytorch-image-models
+timm/layers/pos_embed_sincos.py ``_build_grid``, grid_type 'centered'; upstream: facebookresearch/dinov3
+dinov3/layers/rope_position_encoding.py). Traced by torch.onnx's dynamo exporter (torch 2.14), ``float(G)``
+becomes a constant of the export's grid: every other grid would get its coordinates divided by the
+native G (read from the exported graph: a Div by the initializer 6.0 for a 96 px export; with the
+test model of tests/test_family_dinov3.py such coordinates move patch_grid by ~1.1 at 96x160, and
+timm's LayerScale init of 1e-5 hides it from random-weight export checks).
 The dynamic graph computes them here instead, from the input's shape, with ops every supported
 TensorRT parses (Shape, Range over int64, Cast, Div, Mul, Sin, Cos, Unsqueeze, Expand, Concat,
 Reshape; no If, Loop or Tile): the same float32 operations in the same order as timm's, so the
