@@ -159,6 +159,19 @@ def test_dinov3_is_claimed_and_its_spec_counts_registers_rotary_and_layer_scale(
     assert adapter.module_names(types.SimpleNamespace(spec=spec)) == [f"blocks.{i}" for i in range(spec.depth)] + ["norm", "head"]
 
 
+def test_a_coordinate_rule_the_graph_does_not_compute_is_refused_in_one_line():
+    import timm
+
+    from vitdeploy.exporters.adapters import timm_adapter
+
+    with torch.device("meta"):
+        model = timm.create_model("vit_small_patch16_dinov3", pretrained=False, depth=1)
+    model.rope.normalize_coords = "diagonal"  # not one of timm's separate/min/max
+    with pytest.raises(UserError) as err:
+        timm_adapter(model, "vit_small_patch16_dinov3")
+    assert "\n" not in str(err.value) and "normalize_coords='diagonal'" in str(err.value)
+
+
 def test_in_graph_rope_equals_timm_get_embed_at_every_grid():
     """The coordinates the dynamic graph computes (patch centres / G, per axis) = timm's own get_embed, for
     each normalisation, indexing and layout timm's RotaryEmbeddingDinoV3 has."""

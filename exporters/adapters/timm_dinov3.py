@@ -52,14 +52,11 @@ class TimmDinoV3(TimmEva):
 
     def accept(self, model: Any, name: str) -> None:
         super().accept(model, name)
-        rope = model.rope
-        if rope.normalize_coords not in NORMALIZATIONS:
-            raise UserError(f"timm model {name!r}: DINOv3 rotary normalize_coords={rope.normalize_coords!r} is not one of "
+        # the periods are a fixed buffer whichever schedule made them (temperature or min/max); the
+        # coordinates' denominator is one of timm's three rules, which centred_rope_embed computes
+        if model.rope.normalize_coords not in NORMALIZATIONS:
+            raise UserError(f"timm model {name!r}: DINOv3 rotary normalize_coords={model.rope.normalize_coords!r} is not one of "
                             f"{', '.join(NORMALIZATIONS)}")
-        if rope.min_period is not None and rope.max_period is not None:
-            return  # periods from min/max: a fixed buffer, like the temperature schedule
-        if rope.temperature is None:
-            raise UserError(f"timm model {name!r}: its DINOv3 rotary has neither a temperature nor min/max periods")
 
     def spec(self, model: Any, name: str) -> ViTSpec:
         spec = spec_from_eva(model, name)
