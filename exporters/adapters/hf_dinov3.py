@@ -48,22 +48,21 @@ class HFDinov3(HFFamily):
     def spec_from_config(self, config: Any, model: Any, arch: str, headless: bool) -> ViTSpec:
         spec = HFFamily.spec_from_config(self, config, model, arch, True)
         d, depth, head_dim = spec.embed_dim, spec.depth, spec.head_dim
-        absent = sum(not bool(getattr(config, f"{name}_bias", True)) for name in ("query", "key", "value", "proj"))
+        absent = d * sum(not bool(getattr(config, f"{name}_bias", True)) for name in ("query", "key", "value", "proj"))
+        if not bool(getattr(config, "mlp_bias", True)):
+            hidden = int(config.intermediate_size)
+            absent += hidden * (2 if spec.mlp_kind == "gated" else 1) + d
         # beyond the standard ViT the cost model counts: LayerScale (2 d per block, element-wise) and the
-        # attention biases DINOv3 leaves out (the key's, by default)
+        # biases DINOv3 leaves out (the key's, by default)
         terms = [{"name": "layer-scale", "macs": [0, 0, 0], "params": 2 * d * depth}]
         if absent:
-            terms.append({"name": "attention biases absent", "macs": [0, 0, 0], "params": -absent * d * depth})
+            terms.append({"name": "biases absent", "macs": [0, 0, 0], "params": -absent * depth})
         rotary = {"type": "dinov3", "grid_type": "centered", "grid_indexing": "ij", "theta": float(config.rope_theta),
                   "bands": head_dim // 4, "rule": RULE}
         return dataclasses.replace(spec, num_reg_tokens=int(config.num_register_tokens), rotary=rotary,
                                    extra_terms=tuple(terms))
 
     def mlp_shape(self, config: Any, model: Any) -> tuple[float, str]:
-        if not bool(getattr(config, "mlp_bias", True)):
-            from vitdeploy.errors import UserError
-
-            raise UserError("DINOv3 models without MLP biases (mlp_bias=False) are not exported: the cost model counts them")
         return config.intermediate_size / config.hidden_size, ("gated" if config.use_gated_mlp else "mlp")
 
     def abs_table(self, config: Any) -> bool:
