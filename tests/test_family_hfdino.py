@@ -149,12 +149,12 @@ def test_dinov2_registers_classifier_matches_transformers(hub):
 
 def test_dinov2_registers_dynamic_reads_out_as_transformers(hub):
     """logits, the classifier's input ([CLS, mean of the patches, registers left out]) and the patch grid
-    without CLS and registers, at the processor's size, an enlarged non-square and a shrunk non-square size."""
+    without CLS and registers, at the processor's size, the table's own, an enlarged and a shrunk non-square size."""
     bundle = hub["export"]("dinov2-reg", **DYNAMIC["dinov2-reg"])
     record = bundle.manifest["records"]["export_check"]
     assert record["passed"], record["failures"]
     assert bundle.resolution["height"] == 56 and bundle.spec.max_grid == (64, 64)
-    for height, width in ((56, 56), (112, 70), (42, 70)):
+    for height, width in ((56, 56), (112, 112), (112, 70), (42, 70)):  # processor, table, enlarged, shrunk
         want = _assert_parity(bundle, hub, "dinov2-reg", height, width)
         # the head's mean leaves the registers out: with them the read-out would differ
         tokens = want["tokens"]
