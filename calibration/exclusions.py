@@ -114,7 +114,10 @@ class GraphIndex:
 
 
 def quantizable_nodes(model: Any, op_types: tuple[str, ...] = QUANTIZABLE_OPS) -> list[Any]:
-    return [n for n in model.graph.node if n.op_type in op_types]
+    from vitdeploy.exporters.position_nodes import position_linear_nodes
+
+    position = set(position_linear_nodes(model))  # constants and the input's shape only: never quantized (qdq.py)
+    return [n for n in model.graph.node if n.op_type in op_types and n.name not in position]
 
 
 def module_nodes(model: Any, graph_meta: dict[str, Any], index: GraphIndex | None = None) -> dict[str, set[str]]:

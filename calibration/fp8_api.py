@@ -163,7 +163,10 @@ class Fp8Graphs:
         fp32 = bundle.artifact_path("fp32")
         self.model32 = onnx_io.load(fp32)
         mask = find_mask_path(self.model32)
-        self.sites = find_sites(self.model32, skip=mask.linear if mask is not None else ())
+        from vitdeploy.exporters.position_nodes import position_linear_nodes
+
+        skip = (*(mask.linear if mask is not None else ()), *position_linear_nodes(self.model32))
+        self.sites = find_sites(self.model32, skip=skip)
         nodes32 = {n.name: n for n in self.model32.graph.node}
         self.tensor_of = {(name, 0): nodes32[name].input[0] for name in self.sites.linear}
         self.tensor_of.update({(name, i): nodes32[name].input[i] for name, inputs in self.sites.attention.items() for i in inputs})

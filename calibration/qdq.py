@@ -236,6 +236,13 @@ def quantize_graph(
     if mask is not None and mask.linear:
         excluded = {"nodes": sorted(set(excluded["nodes"]) | set(mask.linear)),
                     "by": {**excluded["by"], "valid_hw mask path": sorted(mask.linear)}}
+    # dynamic graphs that resample a position table with MatMuls on constants and the input's shape
+    # (exporters/position_nodes.py): never activations, so never Q/DQ
+    from vitdeploy.exporters.position_nodes import position_linear_nodes
+
+    position = position_linear_nodes(model)
+    if position:
+        excluded = {"nodes": sorted(set(excluded["nodes"]) | set(position)), "by": {**excluded["by"], "position subgraph": position}}
     op_types = [op for op in QUANTIZABLE_OPS if op not in recipe.exclusions.op_types]
     if not op_types:
         raise UserError("every quantizable op type is excluded; nothing would be INT8")

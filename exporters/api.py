@@ -330,7 +330,7 @@ def _validate_options(opts: ExportOptions) -> None:
 
 def _variant(loaded: LoadedModel, opts: ExportOptions) -> tuple[LoadedModel, dict[str, Any]]:
     native = tuple(loaded.spec.image_size)
-    interp = opts.interpolation
+    interp = loaded.adapter.position_convention(opts.interpolation)
     base = {"native": list(native), "pos_embed_interpolation": {**interp.to_dict(), "description": interp.describe()}}
     if opts.dynamic_resolution:
         if opts.resolution:

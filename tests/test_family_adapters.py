@@ -20,7 +20,7 @@ def test_every_family_is_registered_once_and_answers_for_itself():
         for reason in (cls.dynamic_refusal, cls.variable_size_refusal):
             assert reason is None or (reason and "\n" not in reason)
         if issubclass(cls, HFFamily):
-            assert cls.model_types and cls.classifiers and cls.backbone and cls.base_attr
+            assert cls.model_types and cls.backbone and cls.base_attr  # classifiers may be () (headless-only: DINOv3)
     types_ = [t for cls in FAMILY_ADAPTERS.values() if issubclass(cls, HFFamily) for t in cls.model_types]
     assert len(types_) == len(set(types_)), "one adapter per transformers model type"
     with pytest.raises(ValueError):

@@ -55,6 +55,11 @@ class FamilyAdapter:
             raise UserError(f"--dynamic-resolution: {self.name} models {self.dynamic_refusal}; export per size (--resolution)")
         raise NotImplementedError
 
+    def position_convention(self, requested: Any) -> Any:
+        """The table-resampling convention (PosEmbedInterpolation) this family's export uses and records,
+        given the one asked for: that one, unless the family's own rule fixes it (or refuses it)."""
+        return requested
+
     # -- read-outs ---------------------------------------------------------------------------------
     def readout(self, loaded: Any) -> str:
         """'cls', 'gap', 'cls+dist' (mean of the CLS and DIST rows) or 'cls|gap' (both, concatenated)."""

@@ -163,7 +163,7 @@ def hf_adapter(config: Any, what: str) -> tuple[HFFamily, str]:
     """(the adapter, the class the repository was saved as: config.architectures) if vitdeploy exports it."""
     named = list(getattr(config, "architectures", None) or [])
     cls = adapter_class(config.model_type)
-    arch = named[0] if named else (cls.classifiers[0] if cls else config.model_type)
+    arch = named[0] if named else ((*cls.classifiers, cls.backbone)[0] if cls else config.model_type)
     if cls is None or arch not in (*cls.classifiers, cls.backbone):
         supported = ", ".join(c for f in adapters_of("transformers") for c in (*f.classifiers, f.backbone))
         raise UserError(f"{what} is a {arch} (model type {config.model_type!r}), which vitdeploy does not export; "
