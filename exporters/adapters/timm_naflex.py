@@ -170,8 +170,9 @@ def _in_graph_embeds() -> type:
     class NaFlexEmbedsInGraph(NaFlexEmbeds):
         def _add_table(self, x: Any, grid_size: Any) -> None:
             gh, gw = grid_size
-            lengths = torch.ones(2, dtype=torch.float32, device=x.device) * torch.stack([torch.as_tensor(gh), torch.as_tensor(gw)])
-            x.add_(naflex_positions(self, lengths[0], lengths[1], gh, gw).unsqueeze(0).to(x.dtype))
+            # scalar_tensor keeps a symbolic size symbolic in the exported graph (as_tensor would bake the traced one)
+            len_h, len_w = (torch.scalar_tensor(g, dtype=torch.float32, device=x.device) for g in (gh, gw))
+            x.add_(naflex_positions(self, len_h, len_w, gh, gw).unsqueeze(0).to(x.dtype))
 
         def _apply_learned_pos_embed(self, x: Any, grid_size: Any) -> None:
             self._add_table(x, grid_size)
