@@ -54,6 +54,9 @@ class TimmNaFlex(TimmFamily):
         if model.attn_pool is not None and (model.attn_pool.latent_len != 1 or model.attn_pool.pos_embed is not None):
             raise UserError(f"timm model {name!r} has an attention pool with {model.attn_pool.latent_len} latents or its own "
                             "position table; vitdeploy exports the one-query MAP head")
+        # the image-tensor path with its patch Linear as the equal Conv (no parameter changes: --checkpoint,
+        # the weights' identity and timm's NaFlex dict path are untouched)
+        model.embeds.__class__ = _conv_embeds()
 
     def spec(self, model: Any, name: str) -> ViTSpec:
         embeds = model.embeds
@@ -104,7 +107,7 @@ class TimmNaFlex(TimmFamily):
         import torch
 
         model = loaded.model
-        names = [f"blocks.{i}" for i in range(loaded.spec.depth)]
+        names = ["embeds"] + [f"blocks.{i}" for i in range(loaded.spec.depth)]  # embeds: the patch Linear, positions, prefix
         names += [n for n in ("norm", "attn_pool", "fc_norm", "head")
                   if getattr(model, n, None) is not None and not isinstance(getattr(model, n), torch.nn.Identity)]
         return names
@@ -157,17 +160,56 @@ def table_grid(model: Any) -> tuple[int, int]:
     return int(size[-2]) // embeds.patch_size[0], int(size[-1]) // embeds.patch_size[1]
 
 
-_IN_GRAPH: list[type] = []
+def patch_conv(embeds: Any, x: Any) -> Any:
+    """The patch Linear on flattened (P_h, P_w, C) patches, computed as the equal patch Conv: [B, d, G_h, G_w].
+
+    The Linear's weight [d, P_h*P_w*C] is the Conv kernel [d, C, P_h, P_w] read in timm's patch layout
+    (channels last unless ``patchify_channels_last=False``), so every graph gets the Conv that the fp16
+    pass, the INT8 roles (patch-embed), check's patch taps and TensorRT know as a ViT's patch embedding."""
+    import torch.nn.functional as F
+
+    d, (ph, pw), c = embeds.proj.out_features, embeds.patch_size, embeds.in_chans
+    weight = embeds.proj.weight
+    kernel = weight.reshape(d, ph, pw, c).permute(0, 3, 1, 2) if embeds.channels_last else weight.reshape(d, c, ph, pw)
+    return F.conv2d(x, kernel, embeds.proj.bias, stride=(ph, pw))
 
 
-def _in_graph_embeds() -> type:
-    """NaFlexEmbeds whose standard-mode table comes from interpolation matrices (any symbolic grid)."""
-    if _IN_GRAPH:
-        return _IN_GRAPH[0]
+_EMBEDS: dict[str, type] = {}
+
+
+def _conv_embeds() -> type:
+    """NaFlexEmbeds whose image-tensor path runs the patch Linear as a Conv (same parameters, same state
+    dict; the NaFlex dict path is timm's own)."""
+    if "conv" in _EMBEDS:
+        return _EMBEDS["conv"]
     import torch
     from timm.models.naflexvit import NaFlexEmbeds
 
-    class NaFlexEmbedsInGraph(NaFlexEmbeds):
+    class NaFlexEmbedsConv(NaFlexEmbeds):
+        def forward(self, x: Any, patch_coord: Any = None, patch_valid: Any = None) -> Any:
+            if patch_coord is not None or not self.is_linear or self.norm_input is not None or self.dynamic_img_pad or x.ndim != 4:
+                return super().forward(x, patch_coord=patch_coord, patch_valid=patch_valid)
+            tokens = patch_conv(self, x)
+            grid_size = tokens.shape[-2:]
+            x = self.norm(tokens.flatten(2).transpose(1, 2))
+            if self.pos_embed_type == "learned":
+                self._apply_learned_pos_embed(x, grid_size=grid_size)
+            elif self.pos_embed_type == "factorized":
+                self._apply_factorized_pos_embed(x, grid_size=grid_size)
+            prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+            return self.pos_drop(torch.cat(prefix + [x], dim=1) if prefix else x), grid_size
+
+    _EMBEDS["conv"] = NaFlexEmbedsConv
+    return NaFlexEmbedsConv
+
+
+def _in_graph_embeds() -> type:
+    """The Conv embeds whose table comes from interpolation matrices (any symbolic grid)."""
+    if "in-graph" in _EMBEDS:
+        return _EMBEDS["in-graph"]
+    import torch
+
+    class NaFlexEmbedsInGraph(_conv_embeds()):
         def _add_table(self, x: Any, grid_size: Any) -> None:
             gh, gw = grid_size
             # scalar_tensor keeps a symbolic size symbolic in the exported graph (as_tensor would bake the traced one)
@@ -180,7 +222,7 @@ def _in_graph_embeds() -> type:
         def _apply_factorized_pos_embed(self, x: Any, grid_size: Any) -> None:
             self._add_table(x, grid_size)
 
-    _IN_GRAPH.append(NaFlexEmbedsInGraph)
+    _EMBEDS["in-graph"] = NaFlexEmbedsInGraph
     return NaFlexEmbedsInGraph
 
 
@@ -200,13 +242,11 @@ class NaFlexParts:
         from timm.models.naflexvit import batch_patchify
 
         embeds = self.model.embeds
-        if embeds.is_linear:  # timm's standard-mode path: (P_h, P_w, C) patches, row-major over the grid
+        if embeds.is_linear and embeds.norm_input is not None:  # a norm over each flattened patch: timm's patchify
             patches, _ = batch_patchify(x, embeds.patch_size, pad=False, channels_last=embeds.channels_last)
-            if embeds.norm_input is not None:
-                patches = embeds.norm_input(patches)
-            tokens = embeds.proj(patches)
+            tokens = embeds.proj(embeds.norm_input(patches))
         else:
-            tokens = embeds.proj(x).flatten(2).transpose(1, 2)
+            tokens = (patch_conv(embeds, x) if embeds.is_linear else embeds.proj(x)).flatten(2).transpose(1, 2)
         return embeds.norm(tokens)
 
     def positions(self, grid: Any, canvas_grid: tuple[int, int]) -> Any:
