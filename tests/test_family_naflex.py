@@ -302,6 +302,31 @@ def test_variable_rows_equal_timm_on_each_image_alone(bundles, hub):
     _within_gate(padded, alone)
 
 
+def test_variable_fp16_and_int8_keep_the_mask_path_float(bundles, copy_bundle, tmp_path, monkeypatch, hub):
+    """NaFlex's per-image tables are built from valid_hw: the whole build stays fp32 (no Shape read pulls a
+    mask tensor into fp16) and out of Q/DQ; both passes run their invariance gates on padded batches."""
+    import onnx
+
+    from vitdeploy.bundle import Bundle
+    from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
+    from vitdeploy.exporters.fp16 import add_fp16_to_bundle
+    from vitdeploy.exporters.mask_path import find_mask_path
+
+    root = copy_bundle(bundles["map-variable"])
+    graph = onnx.load(str(root / "model.onnx"))
+    mask = find_mask_path(graph)
+    assert len(mask.nodes) > 50 and not [n for n in graph.graph.node if n.op_type == "Shape" and n.input[0] in mask.tensors]
+    offline_hub(monkeypatch, hub["home"])
+    add_fp16_to_bundle(Bundle.open(root))
+    assert Bundle.open(root).artifact_record("fp16")
+    data = tmp_path / "calib.npy"
+    np.save(data, real_photos(16, *NATIVE))
+    calibrate_bundle(root, CalibrateOptions(data=str(data), method="minmax"))
+    int8 = onnx.load(str(root / "model.int8.onnx"))
+    qdq = {n.output[0] for n in int8.graph.node if n.op_type == "DequantizeLinear"}
+    assert not [n for n in int8.graph.node if n.name in set(mask.linear) and set(n.input) & qdq]
+
+
 def test_predict_evaluate_take_the_variable_bundle(bundles, hub, tmp_path, monkeypatch):
     from click.testing import CliRunner
 

@@ -144,6 +144,11 @@ class TimmNaFlex(TimmFamily):
         return model, loaded.spec
 
     def variable_parts(self, loaded: Any) -> Any:
+        from ..features import has_head
+
+        if not has_head(loaded):  # the variable-size graph returns class scores only
+            raise UserError("--variable-size exports class scores (logits, probs) and this NaFlexVit has no classification head; "
+                            "export its embedding per size (--resolution) or with --dynamic-resolution")
         return NaFlexParts(loaded.model)
 
 
@@ -277,7 +282,8 @@ class NaFlexParts:
             return m.forward_head(features, patch_valid=valid)  # timm's masked mean (or the CLS row)
         keys = valid
         if m.pool_include_prefix:
-            keys = torch.cat([torch.ones_like(valid[:, :m.num_prefix_tokens]), valid], dim=1)
+            prefix = torch.ones(features.shape[0], m.num_prefix_tokens, dtype=torch.bool)  # batch read off the tokens
+            keys = torch.cat([prefix, valid], dim=1)
         else:
             features = features[:, m.num_prefix_tokens:]
         zero = torch.zeros((), dtype=torch.float32)

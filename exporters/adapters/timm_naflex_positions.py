@@ -11,7 +11,8 @@ of the source cells: a matrix ``W`` [rows, G0] per axis, and the 2-D table is ``
 weights below are torch's own (aten/src/ATen/native/UpSample.h ``area_pixel_compute_source_index``,
 cpu/UpSampleKernel.cpp ``_compute_weights_aa``: the antialiased kernel is the a=-0.5 cubic / triangle
 stretched by the scale, taps in [floor(c - s + 0.5), floor(c + s + 0.5)), normalised by their sum),
-built from elementwise ops, so the same code gives the table of a static size (constants), of the
+built from elementwise ops (scalar constants, no ``*_like``: a Shape read of a mask-path tensor would
+pull it into fp16 in a variable-size graph), so the same code gives the table of a static size (constants), of the
 input's shape (dynamic graphs: no Resize, so no antialiased Resize a TensorRT parser refuses) and of
 each image's own grid in a padded batch (variable size). Tested against F.interpolate and against
 timm's forward.
@@ -28,7 +29,7 @@ def _cubic(x: torch.Tensor, a: float) -> torch.Tensor:
     x = x.abs()
     near = ((a + 2) * x - (a + 3)) * x * x + 1
     far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
+    return torch.where(x < 1, near, torch.where(x < 2, far, 0.0))
 
 
 def axis_weights(old: int, length: torch.Tensor, rows: Any, mode: str, align_corners: bool, antialias: bool) -> torch.Tensor:
@@ -41,13 +42,13 @@ def axis_weights(old: int, length: torch.Tensor, rows: Any, mode: str, align_cor
     i = torch.arange(rows, device=length.device).to(torch.float32).view(-1, 1)  # [rows, 1]
     j = torch.arange(old, device=length.device).to(torch.float32).view(1, -1)  # [1, old]
     if align_corners:
-        scale = torch.where(n > 1, (old - 1) / (n - 1).clamp(min=1), torch.zeros_like(n))
+        scale = torch.where(n > 1, (old - 1) / (n - 1).clamp(min=1), 0.0)
     else:
         scale = old / n
     if antialias:
         half = 1.0 if mode in ("bilinear", "linear") else 2.0
-        support = torch.where(scale >= 1, half * scale, torch.full_like(scale, half))
-        invscale = torch.where(scale >= 1, 1 / scale, torch.ones_like(scale))
+        support = torch.where(scale >= 1, half * scale, half)
+        invscale = torch.where(scale >= 1, 1 / scale, 1.0)
         center = scale * (i + 0.5)
         lo = torch.floor(center - support + 0.5).clamp(min=0)
         hi = torch.floor(center + support + 0.5)
@@ -58,7 +59,7 @@ def axis_weights(old: int, length: torch.Tensor, rows: Any, mode: str, align_cor
             w = _cubic(x, -0.5)
         w = w * ((j >= lo) & (j < hi)).to(torch.float32)
         total = w.sum(dim=-1, keepdim=True)
-        return w / torch.where(total == 0, torch.ones_like(total), total)
+        return w / torch.where(total == 0, 1.0, total)
     src = scale * i if align_corners else scale * (i + 0.5) - 0.5
     if mode in ("bilinear", "linear"):
         if not align_corners:
@@ -80,6 +81,8 @@ def naflex_positions(embeds: Any, grid_h: torch.Tensor, grid_w: torch.Tensor, ro
     kind = embeds.pos_embed_type
     if kind == "none":
         return None
+    lead = (-1,) if grid_h.dim() else ()  # sizes spelled out: no Shape read of a per-sample (mask-path) tensor
+    dim = int(embeds.embed_dim)
     if embeds.pos_embed_ar_preserving:
         len_h = len_w = torch.maximum(grid_h, grid_w)
     else:
@@ -91,13 +94,13 @@ def naflex_positions(embeds: Any, grid_h: torch.Tensor, grid_w: torch.Tensor, ro
         pos = pe_y.unsqueeze(-2) + pe_x.unsqueeze(-3)  # [..., rows, cols, d]
     else:
         table = embeds.pos_embed[0].float()  # [G0_h, G0_w, d]
-        old_h, old_w, dim = (int(v) for v in table.shape)
+        old_h, old_w = (int(v) for v in table.shape[:2])
         rule = (embeds.pos_embed_interp_mode, bool(embeds.pos_embed_align_corners), bool(embeds.pos_embed_antialias))
         w_h = axis_weights(old_h, len_h, rows, *rule)  # [..., rows, G0_h]
         w_w = axis_weights(old_w, len_w, cols, *rule)  # [..., cols, G0_w]
-        by_rows = (w_h @ table.reshape(old_h, old_w * dim)).reshape(*w_h.shape[:-1], old_w, dim)  # [..., rows, G0_w, d]
+        by_rows = (w_h @ table.reshape(old_h, old_w * dim)).reshape(*lead, rows, old_w, dim)  # [..., rows, G0_w, d]
         pos = w_w.unsqueeze(-3) @ by_rows  # [..., rows, cols, d]
-    return pos.flatten(-3, -2)
+    return pos.reshape(*lead, rows * cols, dim)
 
 
 def rule_text(embeds: Any) -> str:
