@@ -265,7 +265,7 @@ def test_fp16_int8_and_the_map_head_as_a_role(bundles, copy_bundle, tmp_path, mo
 
 
 # -- dynamic ---------------------------------------------------------------------------------------------
-def test_dynamic_antialiased_rule_in_graph_equals_timm(bundles, hub, copy_bundle):
+def test_dynamic_antialiased_rule_in_graph_equals_timm(bundles, hub, copy_bundle, monkeypatch):
     """The bicubic antialiased rule (timm's default) computed in the graph by matrices: no Resize node,
     = timm at the native, trained and a shrinking non-square size; lint-clean for TensorRT 10/11, 8.6 lowered."""
     import onnx
@@ -280,6 +280,11 @@ def test_dynamic_antialiased_rule_in_graph_equals_timm(bundles, hub, copy_bundle
     for size in (NATIVE, TRAINED, (48, 112), (160, 96)):
         photos = real_photos(4, *size)
         _within_gate(_ort(bundle, {"images": photos})["logits"], _timm_forward(hub["models"]["gap"], photos))
+    from vitdeploy.checks import CheckOptions, run_check
+
+    offline_hub(monkeypatch, hub["home"])
+    report = run_check(bundle.root, CheckOptions(random_count=8, write_report=False))
+    assert report["passed"], report["failures"]
     root = copy_bundle(bundle)
     for version in ("10.3", "11.4", "8.6"):
         res = CliRunner().invoke(main, ["build-engine", str(root), "--dry-run", "--trt-version", version,
@@ -288,7 +293,8 @@ def test_dynamic_antialiased_rule_in_graph_equals_timm(bundles, hub, copy_bundle
 
 
 # -- variable size -------------------------------------------------------------------------------------
-def test_variable_rows_equal_timm_on_each_image_alone(bundles, hub):
+def test_variable_rows_equal_timm_on_each_image_alone(bundles, hub, monkeypatch):
+    from vitdeploy.checks import CheckOptions, run_check
     from vitdeploy.variable import pad_to_canvas
 
     bundle = bundles["map-variable"]
@@ -300,6 +306,9 @@ def test_variable_rows_equal_timm_on_each_image_alone(bundles, hub):
     padded = _ort(bundle, {"images": batch, "valid_hw": valid})["logits"]
     alone = np.concatenate([_timm_forward(hub["models"]["map"], crop[None]) for crop in crops])  # timm itself, each alone
     _within_gate(padded, alone)
+    offline_hub(monkeypatch, hub["home"])  # `check` reloads the model from the cache, as a user's would
+    report = run_check(bundle.root, CheckOptions(random_count=8, write_report=False))
+    assert report["passed"], report["failures"]
 
 
 def test_variable_fp16_and_int8_keep_the_mask_path_float(bundles, copy_bundle, tmp_path, monkeypatch, hub):
