@@ -216,6 +216,19 @@ def test_what_is_out_of_reach_is_one_line(overrides, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_variable_size_of_a_headless_encoder_is_one_line():
+    """The published SigLIP 2 NaFlex encoders have no classifier; the variable-size graph returns class scores."""
+    from vitdeploy.exporters.adapters import timm_adapter
+    from vitdeploy.exporters.loaded import LoadedModel
+
+    model = _tiny(VARIANTS["map"], num_classes=0)
+    adapter = timm_adapter(model, VARIANTS["map"])
+    loaded = LoadedModel(model, adapter.spec(model, VARIANTS["map"]), {}, [], {"kind": "timm", "name": VARIANTS["map"]}, adapter=adapter)
+    with pytest.raises(UserError) as err:
+        adapter.variable_parts(loaded)
+    assert "no classification head" in str(err.value) and "--dynamic-resolution" in str(err.value) and "\n" not in str(err.value)
+
+
 # -- static ------------------------------------------------------------------------------------------------
 def test_published_name_exports_at_its_preprocessing_size(bundles, hub):
     """timm:NAME.TAG from the cache: exported at the weight's 384x384 (its pretrained_cfg), the 4x4 table
