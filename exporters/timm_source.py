@@ -110,6 +110,9 @@ def load_timm(name: str, checkpoint: str | Path | None, num_classes: int | None,
         source["random_init_seed"] = int(seed)
     loaded = LoadedModel(model, spec, _preprocessing(model.pretrained_cfg, base), _labels(model, spec.num_classes, published=state is None),
                          source, adapter=adapter)
+    default = adapter.default_resolution(model)
+    if default and tuple(default) != tuple(spec.image_size):  # exported at this size unless asked otherwise
+        loaded.extra["default_resolution"] = tuple(default)
     if is_projection_head(model, spec.num_classes, num_classes, published=state is None):
         set_projection_head(loaded)  # CLIP-style: an embedding, unless the user names its outputs (--labels)
     # how regrid.py rebuilds this architecture (dynamic_img_size): the hub config pinned to its commit

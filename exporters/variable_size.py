@@ -85,8 +85,9 @@ class VariableSizeGraph(torch.nn.Module):
 
         tokens = self.parts.patch_tokens(x)  # [B, N_c, d]
         batch = tokens.shape[0]
-        pos = resample_pos_grid_per_sample(self.parts.table, self.native_grid, self.parts.prefix_rows, grid,
-                                           self.canvas_grid, self.interpolation)
+        positions = getattr(self.parts, "positions", None)  # a family whose table follows its own rule (adapters/)
+        pos = positions(grid, self.canvas_grid) if positions else resample_pos_grid_per_sample(
+            self.parts.table, self.native_grid, self.parts.prefix_rows, grid, self.canvas_grid, self.interpolation)
         cell_r = torch.arange(canvas_h, device=x.device).view(1, canvas_h, 1)
         cell_s = torch.arange(canvas_w, device=x.device).view(1, 1, canvas_w)
         valid = ((cell_r < grid[:, 0].view(-1, 1, 1)) & (cell_s < grid[:, 1].view(-1, 1, 1))).flatten(1)  # [B, N_c]

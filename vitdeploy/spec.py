@@ -142,7 +142,10 @@ class ViTSpec:
         in the manifest's resolution, not part of the architecture).
         """
         rules = []
-        if self.abs_pos_embed:
+        own = self.extra.get("position_rule")  # a family whose table follows its own rule names it (timm NaFlexVit)
+        if own:
+            rules.append(own)
+        elif self.abs_pos_embed:
             rules.append(f"absolute table ({abs_rule or 'resampled per grid'})")
         if self.rel_pos_bias:
             rel = self.rel_pos_bias

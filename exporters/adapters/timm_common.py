@@ -51,6 +51,11 @@ class TimmFamily(FamilyAdapter):
     def spec(self, model: Any, name: str) -> Any:
         raise NotImplementedError
 
+    def default_resolution(self, model: Any) -> tuple[int, int] | None:
+        """The size to export at when none is asked, where it differs from the spec's native size (the
+        weight's preprocessing size for a table kept at another grid); None: the native size."""
+        return None
+
     def features(self, loaded: Any, model: Any, x: Any, need_logits: bool, need_embedding: bool) -> tuple[Any, Any, Any]:
         tokens = model.forward_features(x)
         logits = model.forward_head(tokens) if need_logits else None
