@@ -28,6 +28,23 @@ class HFFamily(FamilyAdapter):
     takes_pos_flag: ClassVar[bool] = True  # forward takes interpolate_pos_encoding
     # the processor may give another size than config.image_size (the table is interpolated to every input)
     keeps_trained_table: ClassVar[bool] = False
+    # classes a repository may be saved as that export as another class (``load_plan``): a dual encoder's image tower
+    published_as: ClassVar[tuple[str, ...]] = ()
+
+    # -- loading -----------------------------------------------------------------------------------
+    def load_plan(self, config: Any, arch: str) -> tuple[str, Any, bool]:
+        """(the transformers class to build, the config it is built from, headless) for a repository saved as
+        ``arch``. Default: that class from the repository's config; a dual encoder answers its image tower."""
+        return arch, config, arch == self.backbone
+
+    def loaded_extra(self, model: Any) -> dict[str, Any]:
+        """What the LoadedModel's ``extra`` gains for this model (e.g. {"projection_head": {"dim": P}})."""
+        return {}
+
+    def fixed_size(self, processor: Any) -> tuple[int, int] | None:
+        """The bundle's size where the image processor has no one size rule of its own (NaFlex keeps each image's
+        aspect ratio), else None: the processor's rule (hf_sources.preprocessing_of)."""
+        return None
 
     # -- the spec ----------------------------------------------------------------------------------
     def spec_from_config(self, config: Any, model: Any, arch: str, headless: bool) -> ViTSpec:
@@ -164,8 +181,8 @@ def hf_adapter(config: Any, what: str) -> tuple[HFFamily, str]:
     named = list(getattr(config, "architectures", None) or [])
     cls = adapter_class(config.model_type)
     arch = named[0] if named else (cls.classifiers[0] if cls else config.model_type)
-    if cls is None or arch not in (*cls.classifiers, cls.backbone):
-        supported = ", ".join(c for f in adapters_of("transformers") for c in (*f.classifiers, f.backbone))
+    if cls is None or arch not in (*cls.classifiers, cls.backbone, *cls.published_as):
+        supported = ", ".join(c for f in adapters_of("transformers") for c in (*f.classifiers, f.backbone, *f.published_as))
         raise UserError(f"{what} is a {arch} (model type {config.model_type!r}), which vitdeploy does not export; "
                         f"supported: {supported}")
     return cls(), arch
