@@ -94,7 +94,7 @@ def hub(shared_artifact, export_cached):
     def bundle(key: str, **options):
         with pytest.MonkeyPatch.context() as mp:
             offline_hub(mp, home)
-            return export_cached(f"hf:{ORG}/{key}", check_images=2, simplify=False, **options)
+            return export_cached(f"hf:{ORG}/{key}", **{"check_images": 2, "simplify": False, **options})
 
     return types.SimpleNamespace(root=root, home=home, bundle=bundle, commits=json.loads((root / "commits.json").read_text()))
 
@@ -197,7 +197,8 @@ def test_dual_encoders_export_their_image_tower_with_the_repository_processor(hu
 
     towers = {"clip": T.CLIPVisionModelWithProjection, "siglip": T.SiglipVisionModel}
     for key, bundle in (("clip", clip), ("siglip", siglip)):
-        tower = towers[key].from_pretrained(hub.root / "models" / key)
+        # (the vision sub-config of a CLIPModel repository does not carry projection_dim: the top level does)
+        tower = towers[key].from_pretrained(hub.root / "models" / key, **({"projection_dim": 48} if key == "clip" else {}))
         params = sum(p.numel() for p in tower.parameters())
         d = bundle.spec.embed_dim
         # costs.py counts a patch-Conv bias; CLIP's Conv has none
@@ -258,7 +259,9 @@ def test_tensorrt_parsers_take_the_graphs(hub, key, options):
 
 @pytest.mark.parametrize("key,names", [("siglip", ["hf.head/qkv", "hf.head/attention-matmuls", "hf.head/mlp-fc1"]),
                                        ("clip", ["hf.visual_projection"])])
-def test_fp16_int8_gates_and_the_precision_units_name_the_head(hub, key, names, copy_bundle, tmp_path):
+def test_precision_passes_on_the_towers_and_the_units_name_the_head(hub, key, names, copy_bundle, tmp_path):
+    """debug-precision's units name the MAP head's layers / the projection; the fp16 gate passes; INT8 (an
+    embedding-only bundle has no logits for calibrate's gate) keeps the embedding's direction on photos."""
     import onnx
 
     from vitdeploy.bundle import Bundle
@@ -266,16 +269,36 @@ def test_fp16_int8_gates_and_the_precision_units_name_the_head(hub, key, names, 
     from vitdeploy.calibration.precision_units import int8_units
     from vitdeploy.exporters.fp16 import add_fp16_to_bundle
 
-    root = copy_bundle(hub.bundle(key))
+    root = copy_bundle(hub.bundle(key, simplify=True))  # as users get it: the simplifier folds MHA's in_proj slices
     units = int8_units(onnx.load(str(root / "model.onnx")), Bundle.open(root).manifest["graph"])
     cells = [u.name for u in units["cells"]]
     assert set(names) <= set(cells), cells  # debug-precision ranks and names the head's own layers
     data = tmp_path / "photos.npy"
     np.save(data, real_photos(16, *NATIVE))
     add_fp16_to_bundle(Bundle.open(root), data=str(data))
-    assert Bundle.open(root).artifact_record("fp16")["sanity"]["passed"]
+    fp16 = Bundle.open(root).artifact_record("fp16")  # (a failed gate raises and writes nothing)
+    assert fp16["gate"]["passed"] and fp16["sanity"]["output"] == "embedding"
     record = calibrate_bundle(root, CalibrateOptions(data=str(data), samples=16, method="minmax", threads=1))
-    assert record["passed"], record
+    assert record["placement"]["quantized_layers"] > 0
+    photos = real_photos(24, *NATIVE)[16:]
+    with OrtRunner(root / "model.onnx") as fp32, OrtRunner(root / "model.int8.onnx") as int8:
+        ref, got = fp32.infer(photos)["embedding"], int8.infer(photos)["embedding"]
+    cosine = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
+    assert cosine.min() >= 0.99, cosine
+
+
+@pytest.mark.parametrize("key,options,size", [("clip-cls", {}, NATIVE), ("siglip-cls", {"resolution": STATIC}, STATIC)])
+def test_calibrate_gate_on_the_classifiers(hub, key, options, size, copy_bundle, tmp_path):
+    from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
+
+    root = copy_bundle(hub.bundle(key, **options))
+    data, held_out = tmp_path / "photos.npy", tmp_path / "held-out.npy"
+    photos = real_photos(40, *size)
+    np.save(data, photos[:16])
+    np.save(held_out, photos[16:])
+    # one recipe, gated relative to the fp32 graph on held-out photos (no labels: agreement and cosine)
+    record = calibrate_bundle(root, CalibrateOptions(data=str(data), eval_data=str(held_out), samples=16, method="minmax", threads=1))
+    assert record["evaluation"]["gate"]["passed"], record["evaluation"]["gate"]
 
 
 def test_refusals_are_one_line(hub):
