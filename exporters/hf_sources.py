@@ -4,7 +4,8 @@ Model, config and image processor come from ``from_pretrained`` (the hub or its 
 the commit the hub gave; a folder saved with ``save_pretrained``). Which classes are exported, and
 everything that differs between them (spec, read-outs, positions), is their family adapter's
 (exporters/adapters/hf_*.py: ViT, DeiT incl. ``...WithTeacher``, BEiT, DINOv2 classifier and
-headless); anything else is refused in one line that names the class.
+headless, the CLIP / SigLIP / SigLIP 2 image towers, whose dual encoders load as their image tower:
+``load_plan``); anything else is refused in one line that names the class.
 
 transformers would fill weights a checkpoint lacks (a classifier on a headless repository) with
 random numbers and only log it; here that is refused, like every other way to random weights

@@ -92,9 +92,12 @@ def hub(shared_artifact, export_cached):
     home = root / "hf-home"
 
     def bundle(key: str, **options):
+        # the dual encoders' native bundles as users get them (simplified: the precision units read them); the
+        # other exports skip the simplifier's seconds
+        simplify = key in ("clip", "siglip") and not options
         with pytest.MonkeyPatch.context() as mp:
             offline_hub(mp, home)
-            return export_cached(f"hf:{ORG}/{key}", **{"check_images": 2, "simplify": False, **options})
+            return export_cached(f"hf:{ORG}/{key}", **{"check_images": 2, "simplify": simplify, **options})
 
     return types.SimpleNamespace(root=root, home=home, bundle=bundle, commits=json.loads((root / "commits.json").read_text()))
 
@@ -153,7 +156,6 @@ PARITY = [  # key, export options, the sizes compared
     ("clip", {}, [NATIVE]),
     ("clip", {"dynamic_resolution": True}, [(96, 64), (64, 128)]),
     ("clip-cls", {}, [NATIVE]),
-    ("clip-cls", {"resolution": STATIC}, [STATIC]),
     ("siglip", {}, [NATIVE]),
     ("siglip", {"dynamic_resolution": True}, [(96, 64), (64, 128)]),
     ("siglip-cls", {"resolution": STATIC}, [STATIC]),
@@ -269,7 +271,7 @@ def test_precision_passes_on_the_towers_and_the_units_name_the_head(hub, key, na
     from vitdeploy.calibration.precision_units import int8_units
     from vitdeploy.exporters.fp16 import add_fp16_to_bundle
 
-    root = copy_bundle(hub.bundle(key, simplify=True))  # as users get it: the simplifier folds MHA's in_proj slices
+    root = copy_bundle(hub.bundle(key))  # simplified, as users get it: the simplifier folds MHA's in_proj slices
     units = int8_units(onnx.load(str(root / "model.onnx")), Bundle.open(root).manifest["graph"])
     cells = [u.name for u in units["cells"]]
     assert set(names) <= set(cells), cells  # debug-precision ranks and names the head's own layers
