@@ -18,7 +18,7 @@ the image: the processor's patchify followed by the Linear patch embedding is on
 Linear's weight reordered (row order (p_y, p_x, c), as ``convert_image_to_patches`` flattens), every patch
 valid (no mask), and the position table resized for that grid by transformers' own rule
 (``Siglip2VisionEmbeddings.resize_positional_embeddings``: bilinear with antialias), computed offline.
-``--dynamic-resolution`` is refused (antialiased resize, which TensorRT's parser does not implement); the
+``--dynamic-resolution`` is refused (an antialiased resize has no in-graph form TensorRT parses); the
 aspect-keeping variable-size path is timm's NaFlexVit (exporters/adapters/timm_naflex.py, where present).
 """
 
@@ -96,8 +96,10 @@ class HFSiglip2(HFSiglip):
     backbone = "Siglip2VisionModel"
     published_as = ("Siglip2Model",)
     keeps_trained_table = True  # its table is resized to every image's grid; the processor decides the size
+    # transformers 4.x: F.interpolate(antialias=True), a Resize TensorRT's parser rejects; 5.x: explicit weights guarded
+    # by runtime checks (aten._is_all_true) the ONNX exporter cannot convert
     dynamic_refusal = ("resize their position table with antialiased bilinear interpolation (transformers' "
-                       "Siglip2VisionEmbeddings.resize_positional_embeddings), which TensorRT's ONNX parser does not implement")
+                       "Siglip2VisionEmbeddings.resize_positional_embeddings), which has no in-graph form TensorRT parses")
     RULE = ("bilinear", False, True)  # transformers' Siglip2 resize: bilinear, align_corners=False, antialias
 
     def table_size(self, vision: Any) -> Any:
