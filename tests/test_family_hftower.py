@@ -310,6 +310,10 @@ def test_refusals_are_one_line(hub):
     adapter, arch = hf_adapter(types.SimpleNamespace(model_type="clip", architectures=["CLIPModel"]), "hf:x")
     assert adapter.name == "hf-clip" and adapter.load_plan(types.SimpleNamespace(
         vision_config=types.SimpleNamespace(), projection_dim=48), arch)[0] == "CLIPVisionModelWithProjection"
+    so400m = types.SimpleNamespace(model_type="siglip", vision_config=types.SimpleNamespace(image_size=384, patch_size=14))
+    with pytest.raises(UserError) as err:  # google/siglip-so400m-patch14-384: 27 patches and 6 pixels a side
+        hf_adapter(so400m, "hf:x")[0].spec_from_config(so400m, None, "SiglipModel", True)
+    assert "not whole 14x14 patches" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(UserError) as err:
         hf_adapter(types.SimpleNamespace(model_type="clip", architectures=["CLIPTextModel"]), "hf:x")
     assert "CLIPTextModel" in str(err.value) and "CLIPModel" in str(err.value) and "\n" not in str(err.value)

@@ -22,6 +22,7 @@ import dataclasses
 import types
 from typing import Any, ClassVar
 
+from vitdeploy.errors import UserError
 from vitdeploy.spec import ViTSpec
 
 from .base import register_family
@@ -45,6 +46,10 @@ class HFTower(HFFamily):
     def spec_from_config(self, config: Any, model: Any, arch: str, headless: bool) -> ViTSpec:
         vision = vision_config(config)
         pair = lambda v: (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))  # noqa: E731
+        size, patch = pair(self.table_size(vision)), pair(vision.patch_size)
+        if size[0] % patch[0] or size[1] % patch[1]:  # e.g. google/siglip-so400m-patch14-384: 384 = 27 x 14 + 6
+            raise UserError(f"{arch}: its {size[0]}x{size[1]} images are not whole {patch[0]}x{patch[1]} patches (transformers' "
+                            "patch Conv drops the remainder rows and columns); vitdeploy bundles take whole patches only")
         spec = ViTSpec(
             image_size=pair(self.table_size(vision)),
             patch_size=pair(vision.patch_size),
