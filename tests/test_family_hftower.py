@@ -260,7 +260,8 @@ def test_tensorrt_parsers_take_the_graphs(hub, key, options):
 
 
 @pytest.mark.parametrize("key,names", [("siglip", ["hf.head/qkv", "hf.head/attention-matmuls", "hf.head/mlp-fc1"]),
-                                       ("clip", ["hf.visual_projection"])])
+                                       # CLIP's QuickGELU MLP (x * sigmoid(1.702 x)) has its fc1/fc2 roles too
+                                       ("clip", ["hf.visual_projection", "hf.vision_model.encoder.layers.1/mlp-fc2"])])
 def test_precision_passes_on_the_towers_and_the_units_name_the_head(hub, key, names, copy_bundle, tmp_path):
     """debug-precision's units name the MAP head's layers / the projection; the fp16 gate passes; INT8 (an
     embedding-only bundle has no logits for calibrate's gate) keeps the embedding's direction on photos."""
