@@ -239,6 +239,8 @@ def _after_gelu(index: GraphIndex, tensor: str, depth: int = 4) -> bool:
         return True
     if node.op_type != "Mul" or depth == 0:
         return False
+    if _quick_gelu(index, node):
+        return True
     frontier, seen = list(node.input), set()
     for _ in range(depth):
         nxt = []
@@ -251,6 +253,16 @@ def _after_gelu(index: GraphIndex, tensor: str, depth: int = 4) -> bool:
                 return True
             nxt.extend(p.input)
         frontier = nxt
+    return False
+
+
+def _quick_gelu(index: GraphIndex, mul: Any) -> bool:
+    """x * Sigmoid(c * x) with a constant c: CLIP's QuickGELU (a SiLU, x * Sigmoid(x), has no scale and is not one)."""
+    for x, gate in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
+        sigmoid = index.producer.get(gate)
+        scale = index.producer.get(sigmoid.input[0]) if sigmoid is not None and sigmoid.op_type == "Sigmoid" else None
+        if scale is not None and scale.op_type == "Mul" and x in scale.input and any(index.is_constant(i) for i in scale.input):
+            return True
     return False
 
 

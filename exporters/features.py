@@ -160,9 +160,11 @@ def describe_outputs(loaded: LoadedModel, outputs: tuple[str, ...], normalize_em
                        + (", L2-normalised" if normalize_embedding else ""),
             "readout": readout,
             "final_norm": pooled_norm,
-            "final_norm_where": f"after pooling ({pooled_norm})" if pooled_norm in ("fc_norm", "pooler.layernorm") else ("before the read-out" if pooled_norm else "none"),
+            # a norm the tokens do not get (timm's fc_norm, BEiT's pooler, CLIP's post_layernorm on the CLS row) follows pooling
+            "final_norm_where": f"after pooling ({pooled_norm})" if pooled_norm and pooled_norm != token_norm else ("before the read-out" if pooled_norm else "none"),
             "l2_normalized": bool(normalize_embedding),
-            "reference": ("timm forward_head(forward_features(x)) (the projection head)" if projection else reference["embedding"])
+            "reference": (reference.get("projection", "timm forward_head(forward_features(x)) (the projection head)") if projection
+                          else reference["embedding"])
                          + (", then L2-normalised" if normalize_embedding else ""),
         }
     if "patch_grid" in outputs:

@@ -4,7 +4,8 @@ Model, config and image processor come from ``from_pretrained`` (the hub or its 
 the commit the hub gave; a folder saved with ``save_pretrained``). Which classes are exported, and
 everything that differs between them (spec, read-outs, positions), is their family adapter's
 (exporters/adapters/hf_*.py: ViT, DeiT incl. ``...WithTeacher``, BEiT, DINOv2 classifier and
-headless); anything else is refused in one line that names the class.
+headless, the CLIP / SigLIP / SigLIP 2 image towers, whose dual encoders load as their image tower:
+``load_plan``); anything else is refused in one line that names the class.
 
 transformers would fill weights a checkpoint lacks (a classifier on a headless repository) with
 random numbers and only log it; here that is refused, like every other way to random weights
@@ -66,11 +67,12 @@ def load_hf(ref: str, random_init: bool, seed: int, recorded: dict[str, Any] | N
     with _loading(access, what):
         config = transformers.AutoConfig.from_pretrained(location, **kwargs)
         adapter, arch = hf_adapter(config, what)
-        model_cls = getattr(transformers, arch)
+        built, built_config, headless = adapter.load_plan(config, arch)  # a dual encoder: its image tower
+        model_cls = getattr(transformers, built)
         processor = transformers.AutoImageProcessor.from_pretrained(location, **kwargs)
         if random_init:
             require("torch").manual_seed(seed)
-            model = model_cls(config)
+            model = model_cls(built_config)
             if hasattr(model, "set_attn_implementation"):  # transformers 5 has it; older ones keep the config's choice
                 model.set_attn_implementation("eager")
         else:
@@ -79,15 +81,16 @@ def load_hf(ref: str, random_init: bool, seed: int, recorded: dict[str, Any] | N
             # a .bin checkpoint is read with torch.load(weights_only=True): transformers 5's default, asked for
             # explicitly where from_pretrained takes the argument
             safe = {"weights_only": True} if "weights_only" in inspect.signature(model_cls.from_pretrained).parameters else {}
+            if built_config is not config:
+                safe["config"] = built_config
             model, info = model_cls.from_pretrained(location, output_loading_info=True, attn_implementation="eager", **safe, **kwargs)
             _refuse_missing(info, arch, what)
     if access is not None and access.note():
         log(access.note())
     model.eval()
-    headless = arch == adapter.backbone
     spec = adapter.spec_from_config(config, model, arch, headless)
-    pre, size = preprocessing_of(processor, what)
-    extra: dict[str, Any] = {}
+    pre, size = preprocessing_of(processor, what, adapter.fixed_size(processor))
+    extra: dict[str, Any] = adapter.loaded_extra(model)
     if size != tuple(spec.image_size):
         if not adapter.keeps_trained_table:
             raise UserError(f"{what}: the image processor gives {size[0]}x{size[1]} images but the model's image_size is "
@@ -152,8 +155,9 @@ def _get(obj: Any, key: str) -> Any:
     return getattr(obj, key, None)
 
 
-def preprocessing_of(processor: Any, what: str) -> tuple[dict[str, Any], tuple[int, int]]:
-    """The processor's rule as the bundle's host resize + normalisation, and the size it gives."""
+def preprocessing_of(processor: Any, what: str, fixed: tuple[int, int] | None = None) -> tuple[dict[str, Any], tuple[int, int]]:
+    """The processor's rule as the bundle's host resize + normalisation, and the size it gives (``fixed``, stretched
+    to, where the processor has no size rule of its own: its family adapter's ``fixed_size``)."""
     name = type(processor).__name__
     if not bool(getattr(processor, "do_rescale", True)) or abs(float(getattr(processor, "rescale_factor", 1 / 255)) - 1 / 255) > 1e-9:
         raise UserError(f"{what}: the image processor ({name}) rescales by {getattr(processor, 'rescale_factor', None)} "
@@ -180,6 +184,8 @@ def preprocessing_of(processor: Any, what: str) -> tuple[dict[str, Any], tuple[i
                             "centre crop, so images keep their aspect ratio; vitdeploy bundles take one fixed size")
         mode, out = "shorter-side-center-crop", crop_hw
         crop_pct = _crop_pct(crop_hw[0], int(shortest))
+    elif fixed:
+        mode, out, crop_pct = "stretch", tuple(fixed), None
     else:
         raise UserError(f"{what}: the image processor ({name}) has a size rule vitdeploy cannot express ({size!r})")
     resample = getattr(processor, "resample", 2)

@@ -18,6 +18,19 @@ from vitdeploy.spec import ViTSpec
 from .base import FamilyAdapter, adapters_of
 
 
+# transformers model types that are vision transformers but not a deployable global-attention ViT
+# encoder as they stand: one line naming why, as timm_common.OUT_OF_REACH does for timm classes
+OUT_OF_REACH = {
+    "vit_mae": "masks a random 75% of the patches in every forward and returns the kept tokens in shuffled order "
+               "(MAE pre-training); export a classifier fine-tuned from it (ViTForImageClassification) instead",
+    "swin": "attends within shifted local windows, which the global-attention export does not express",
+    "swinv2": "attends within shifted local windows, which the global-attention export does not express",
+    "vit_hybrid": "makes its patch grid with a CNN backbone, not one patch-size Conv",
+    "levit": "is a convolution/attention hybrid with shrinking stages, not one patch grid",
+    "mobilevit": "is a convolution/attention hybrid, not one patch grid",
+}
+
+
 class HFFamily(FamilyAdapter):
     library = "transformers"
     variable_size_refusal = "transformers' encoders have no key-mask path here"
@@ -28,6 +41,23 @@ class HFFamily(FamilyAdapter):
     takes_pos_flag: ClassVar[bool] = True  # forward takes interpolate_pos_encoding
     # the processor may give another size than config.image_size (the table is interpolated to every input)
     keeps_trained_table: ClassVar[bool] = False
+    # classes a repository may be saved as that export as another class (``load_plan``): a dual encoder's image tower
+    published_as: ClassVar[tuple[str, ...]] = ()
+
+    # -- loading -----------------------------------------------------------------------------------
+    def load_plan(self, config: Any, arch: str) -> tuple[str, Any, bool]:
+        """(the transformers class to build, the config it is built from, headless) for a repository saved as
+        ``arch``. Default: that class from the repository's config; a dual encoder answers its image tower."""
+        return arch, config, arch == self.backbone
+
+    def loaded_extra(self, model: Any) -> dict[str, Any]:
+        """What the LoadedModel's ``extra`` gains for this model (e.g. {"projection_head": {"dim": P}})."""
+        return {}
+
+    def fixed_size(self, processor: Any) -> tuple[int, int] | None:
+        """The bundle's size where the image processor has no one size rule of its own (NaFlex keeps each image's
+        aspect ratio), else None: the processor's rule (hf_sources.preprocessing_of)."""
+        return None
 
     # -- the spec ----------------------------------------------------------------------------------
     def spec_from_config(self, config: Any, model: Any, arch: str, headless: bool) -> ViTSpec:
@@ -164,8 +194,11 @@ def hf_adapter(config: Any, what: str) -> tuple[HFFamily, str]:
     named = list(getattr(config, "architectures", None) or [])
     cls = adapter_class(config.model_type)
     arch = named[0] if named else ((*cls.classifiers, cls.backbone)[0] if cls else config.model_type)
-    if cls is None or arch not in (*cls.classifiers, cls.backbone):
-        supported = ", ".join(c for f in adapters_of("transformers") for c in (*f.classifiers, f.backbone))
+    if cls is None or arch not in (*cls.classifiers, cls.backbone, *cls.published_as):
+        why = OUT_OF_REACH.get(config.model_type)
+        if why is not None:
+            raise UserError(f"{what} is a {arch} (model type {config.model_type!r}): it {why}")
+        supported = ", ".join(c for f in adapters_of("transformers") for c in (*f.classifiers, f.backbone, *f.published_as))
         raise UserError(f"{what} is a {arch} (model type {config.model_type!r}), which vitdeploy does not export; "
                         f"supported: {supported}")
     return cls(), arch
