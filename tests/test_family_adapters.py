@@ -35,6 +35,10 @@ def test_hf_lookup_by_model_type_and_class_and_one_line_refusal():
     with pytest.raises(UserError) as err:
         hf_adapter(types.SimpleNamespace(model_type="swin", architectures=["SwinForImageClassification"]), "hf:x")
     assert "\n" not in str(err.value) and "SwinForImageClassification" in str(err.value) and "Dinov2Model" in str(err.value)
+    assert "shifted local windows" in str(err.value)
+    with pytest.raises(UserError) as err:  # MAE's forward masks at random: one line that says so
+        hf_adapter(types.SimpleNamespace(model_type="vit_mae", architectures=["ViTMAEModel"]), "hf:x")
+    assert "\n" not in str(err.value) and "masks a random 75% of the patches" in str(err.value)
 
 
 def test_the_most_specific_timm_adapter_wins_and_the_rest_are_refused():

@@ -195,10 +195,10 @@ def hf_adapter(config: Any, what: str) -> tuple[HFFamily, str]:
     cls = adapter_class(config.model_type)
     arch = named[0] if named else ((*cls.classifiers, cls.backbone)[0] if cls else config.model_type)
     if cls is None or arch not in (*cls.classifiers, cls.backbone, *cls.published_as):
+        supported = ", ".join(c for f in adapters_of("transformers") for c in (*f.classifiers, f.backbone, *f.published_as))
         why = OUT_OF_REACH.get(config.model_type)
         if why is not None:
-            raise UserError(f"{what} is a {arch} (model type {config.model_type!r}): it {why}")
-        supported = ", ".join(c for f in adapters_of("transformers") for c in (*f.classifiers, f.backbone, *f.published_as))
+            raise UserError(f"{what} is a {arch} (model type {config.model_type!r}): it {why}; supported: {supported}")
         raise UserError(f"{what} is a {arch} (model type {config.model_type!r}), which vitdeploy does not export; "
                         f"supported: {supported}")
     return cls(), arch
