@@ -85,7 +85,7 @@ def timm_adapter(model: Any, name: str) -> TimmFamily:
     if kind in OUT_OF_REACH:
         raise UserError(f"timm model {name!r} is a {kind}: it {OUT_OF_REACH[kind]}")
     raise UserError(f"timm model {name!r} is a {kind}, not a ViT-family model vitdeploy can export "
-                    "(supported: VisionTransformer, Beit, Eva)")
+                    "(supported: VisionTransformer incl. MAP-head SigLIP, Beit, Eva incl. DINOv3, NaFlexVit)")
 
 
 def mlp_shape(block: Any, embed_dim: int) -> tuple[float, str]:
