@@ -305,3 +305,21 @@ def test_the_key_mask_is_what_makes_the_pool_invariant():
         want = model.forward_head(alone)
         assert torch.allclose(parts.head(padded, valid), want, atol=1e-6)
         assert not torch.allclose(parts.head(padded, torch.ones_like(valid)), want, atol=1e-3)
+
+
+def test_debug_precision_ranks_the_map_head_as_a_block_and_its_cells(bundles, copy_bundle, tmp_path):
+    from vitdeploy.calibration.debug_precision import DebugOptions, debug_precision
+    from vitdeploy.runtime.ort import OrtRunner
+
+    root = copy_bundle(bundles["dynamic"])
+    views = real_photos(32, 84, 84)
+    with OrtRunner(root / "model.onnx") as runner:  # labels: the fp32 graph's own classes (random-init weights)
+        labels = runner.infer(views[16:])["logits"].argmax(1)
+    np.save(tmp_path / "calib.npy", views[:16])
+    np.savez(tmp_path / "eval.npz", images=views[16:], labels=labels)
+    report = debug_precision(root, DebugOptions(precision="int8", data=str(tmp_path / "calib.npy"), eval_data=str(tmp_path / "eval.npz"),
+                                                method="minmax"))
+    cells = {row["unit"] for row in report["ranking"]["cells"]}
+    assert {"attn_pool/qkv", "attn_pool/attention-matmuls", "attn_pool/attn-proj", "attn_pool/mlp-fc1", "attn_pool/mlp-fc2"} <= cells
+    assert "attn_pool" in {row["unit"] for row in report["ranking"]["blocks"]}
+    assert all(row["damage"] >= 0 for row in report["ranking"]["cells"])

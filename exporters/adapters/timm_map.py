@@ -27,7 +27,6 @@ class TimmMapViT(TimmViT):
     """A TimmViT whose read-out is timm's AttentionPoolLatent (it wins over TimmViT: a subclass)."""
 
     name = "timm-vit-map"
-    token_merge_blocks = None  # merging would change the keys the pool attends over: refused
 
     @classmethod
     def claims(cls, model: Any) -> bool:
