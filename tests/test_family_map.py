@@ -290,6 +290,15 @@ def test_variable_size_padded_rows_equal_each_image_alone(export_cached, hub):
     assert "attn_pool" in bundle.manifest["graph"]["module_outputs"]
 
 
+def test_variable_size_refuses_a_headless_tower_in_one_line_and_writes_nothing(tmp_path):
+    from vitdeploy.exporters import ExportOptions, export
+
+    out = tmp_path / "tower-variable"
+    with pytest.raises(UserError, match="no classification head") as err:  # refused after loading, before the export
+        export(f"timm:{TOWER}", out, ExportOptions(model_kwargs=TOWER_ARGS, variable_size=True, canvas=(96, 96)))
+    assert "\n" not in str(err.value) and not out.exists()
+
+
 def test_the_key_mask_is_what_makes_the_pool_invariant():
     """Padded keys change an unmasked pool; masked, the padded row pools exactly what the image alone pools."""
     import timm
