@@ -283,11 +283,18 @@ def test_fp16_and_int8_pass_their_gates(bundles, copy_bundle, tmp_path):
 
 
 # -- variable size: the MAP head's attention under the key mask ----------------------------------------
-def test_variable_size_padded_rows_equal_each_image_alone(export_cached, hub):
+def test_variable_size_padded_rows_equal_each_image_alone(export_cached, copy_bundle):
+    from vitdeploy.bundle import Bundle
+    from vitdeploy.exporters.fp16 import add_fp16_to_bundle
+
     bundle = export_cached(f"timm:{CLASSIFIER}", model_kwargs=CLASSIFIER_ARGS, variable_size=True, canvas=(112, 112))
     record = bundle.manifest["records"]["export_check"]
     assert record["passed"], record["failures"]
     assert "attn_pool" in bundle.manifest["graph"]["module_outputs"]
+    # fp16 keeps the pool's key bias (computed from valid_hw) in fp32 and passes the invariance sanity
+    root = copy_bundle(bundle)
+    add_fp16_to_bundle(Bundle.open(root))  # CheckFailed if the padded rows drift from each image alone
+    assert (root / "model.fp16.onnx").is_file()
 
 
 def test_variable_size_refuses_a_headless_tower_in_one_line_and_writes_nothing(tmp_path):
