@@ -206,8 +206,13 @@ def test_dynamic_classifier_matches_timm_at_the_native_size_and_checks(bundles):
     assert len(bundle.manifest["labels"]) == 1000  # the published ImageNet head keeps its names
     # no resampling at the native size: the graph is timm's own dynamic_img_size model there
     _assert_matches_timm(bundle, _timm(CLASSIFIER, CLASSIFIER_ARGS, dynamic_img_size=True), 84, 84)
-    report = run_check(bundle.root, CheckOptions(random_count=8, write_report=False))
+    report = run_check(bundle.root, CheckOptions(random_count=8, write_report=False, localise="always"))
     assert report["passed"], report["failures"]
+    # check's localisation compares the MAP head's own output (timm's attn_pool) with its graph tensor
+    local = next(a for a in report["artifacts"] if a["precision"] == "fp32")["localisation"]
+    rows = {row["module"]: row for row in local["modules"]}
+    assert local["first_divergence"] is None and list(rows)[-2:] == ["attn_pool", "head"]
+    assert rows["attn_pool"]["cosine_min"] > 0.99999
 
 
 def test_static_non_square_matches_timm_set_input_size(bundles):
