@@ -156,6 +156,10 @@ def test_a_map_head_with_its_own_position_table_is_refused_in_one_line():
     with pytest.raises(UserError, match="position table inside its attention-pool head") as err:
         timm_adapter(model, "custom")
     assert "\n" not in str(err.value)
+    model.attn_pool = AttentionPoolLatent(64, num_heads=2, pool_type="", norm_layer=torch.nn.LayerNorm)  # [B, 1, d] out
+    with pytest.raises(UserError, match="unreduced") as err:
+        timm_adapter(model, "custom")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("name,args,size", [

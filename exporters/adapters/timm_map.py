@@ -40,8 +40,8 @@ class TimmMapViT(TimmViT):
         if pool.pos_embed is not None:  # a table of fixed length over the keys: no rule re-grids it
             raise UserError(f"timm model {name!r} adds a fixed-length position table inside its attention-pool head; "
                             "vitdeploy exports MAP heads without one")
-        if pool.latent_len > 1 and pool.pool not in ("token", "avg"):
-            raise UserError(f"timm model {name!r} returns {pool.latent_len} pooled latents (pool_type={pool.pool!r}); "
+        if pool.pool not in ("token", "avg"):  # '' keeps every latent: [B, latent_len, d]
+            raise UserError(f"timm model {name!r} returns its {pool.latent_len} pooled latent(s) unreduced (pool_type={pool.pool!r}); "
                             "vitdeploy exports one pooled vector per image")
 
     def spec(self, model: Any, name: str) -> ViTSpec:
