@@ -251,6 +251,10 @@ def test_build_engine_lint_passes_for_trt_10_11_and_8x_after_lowering(bundles):
                                            "--resolution", "56:84:140", "--precision", "fp32"])
         assert result.exit_code == 0, f"{version}: {result.output}"
         assert "nothing it cannot parse" in result.output or "every finding is rewritten by the lowering" in result.output
+    # timm's exact resize (antialiased) in a dynamic graph is what TensorRT's parser cannot read: the lint says so
+    result = CliRunner().invoke(main, ["build-engine", str(bundles["tower"].root), "--dry-run", "--lint", "--trt-version", "10.3",
+                                       "--resolution", "32:96:160", "--precision", "fp32"])
+    assert result.exit_code != 0 and "Resize antialias=1" in result.output
 
 
 def test_debug_precision_units_and_exclusions_name_the_map_head(bundles):
