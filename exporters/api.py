@@ -158,8 +158,10 @@ def export(source: str | dict[str, Any] | None, out_dir: str | Path, options: Ex
         and verify it (CheckFailed leaves nothing written; ``diagnose`` looks at the written graph first)."""
         proto = graph.pop()
         tensors = {node_out for node in proto.graph.node for node_out in node.output}
-        kept_modules = {m: t for m, t in modules.items() if t in tensors}  # a simplifier may rename a few
         _document_outputs(proto, output_details)
+        # a module whose output is the embedding (a MAP head) is read where it is computed, not at the leaf Identity
+        leaf = {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Identity" and n.name == f"{n.output[0]}_output"}
+        kept_modules = {m: leaf.get(t, t) for m, t in modules.items() if t in tensors}  # a simplifier may rename a few
         manifest = manifest_head(out_dir, loaded, variant.spec, preprocessing, resolution, opts.opset)
         manifest["graph"].update({
                 "input": {"name": "images", "dtype": "uint8" if opts.input_format == "uint8-nhwc" else "float32",

@@ -16,13 +16,14 @@ import numpy as np
 
 from vitdeploy.bundle import (ARTIFACT_FILES, LABELS, MANIFEST, Bundle, refuse_export_precisions,
                               write_labels)
-from vitdeploy.errors import CheckFailed, UsageError
+from vitdeploy.errors import CheckFailed, UsageError, UserError
 from vitdeploy.records import ArtifactRecord, StorageRecord, set_artifact, set_storage
 from vitdeploy.fileio import atomic_write_json
 from vitdeploy.variable import VALID_INPUT, check_sizes_for_canvas, mixed_sizes, padded_batch  # noqa: F401 - re-exported
 
 from .export_steps import (log_weights, manifest_head, open_export, preprocessing_contract, staged_bundle, torch_module_names,
                            write_graph)
+from .features import has_head
 from .onnx_export import strip_trace_metadata
 from .sources import LoadedModel
 from .variable_size import MASK_BIAS, RULE, VariableSizeGraph, export_variable_graph
@@ -36,6 +37,9 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
 
     _validate(opts)
     out_dir, loaded = open_export(source, out_dir, opts, log)  # the same steps as a one-size export
+    if not has_head(loaded):  # the masked graph returns class scores only
+        raise UserError(f"--variable-size exports logits and probs; {loaded.source.get('kind')}:{loaded.source.get('name')} has no "
+                        "classification head (an embedding model): export it per size (--resolution) or with --dynamic-resolution")
     canvas = tuple(int(v) for v in opts.canvas)
     spec = loaded.spec
     canvas_grid = spec.grid(*canvas)  # one line naming valid sizes when the patch does not tile the canvas

@@ -15,11 +15,12 @@ The graph takes ``images`` uint8 [B, H_c, W_c, 3] (each image top-left in a fixe
 - padded positions are masked as keys with a finite additive bias (MASK_BIAS, kept in fp32) while the
   prefix tokens (CLS, registers, distillation) are always valid: no softmax row is ever all-masked,
   so no input can produce NaN;
-- GAP models read out by the mean over valid patch tokens only; CLS models read the CLS row.
+- GAP models read out by the mean over valid patch tokens only; CLS models read the CLS row; an
+  attention-pool (MAP) head attends over the valid keys only (the same key mask).
 
 Supported (each family adapter's ``variable_parts``): the reference ViT (builtin, ref:) and timm
-VisionTransformer models whose blocks take an ``attn_mask`` (timm >= 1.0.20) with a CLS or GAP
-read-out. The other families (Hugging Face ViTs have no key-mask path through their encoder here)
+VisionTransformer models whose blocks take an ``attn_mask`` (timm >= 1.0.20) with a CLS, GAP or
+MAP read-out, with a classification head. The other families (Hugging Face ViTs have no key-mask path through their encoder here)
 get a one-line refusal naming why.
 """
 
