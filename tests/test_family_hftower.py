@@ -263,8 +263,8 @@ def test_tensorrt_parsers_take_the_graphs(hub, key, options):
                                        # CLIP's QuickGELU MLP (x * sigmoid(1.702 x)) has its fc1/fc2 roles too
                                        ("clip", ["hf.visual_projection", "hf.vision_model.encoder.layers.1/mlp-fc2"])])
 def test_precision_passes_on_the_towers_and_the_units_name_the_head(hub, key, names, copy_bundle, tmp_path):
-    """debug-precision's units name the MAP head's layers / the projection; the fp16 gate passes; INT8 (an
-    embedding-only bundle has no logits for calibrate's gate) keeps the embedding's direction on photos."""
+    """debug-precision's units name the MAP head's layers / the projection; the fp16 gate passes; INT8 passes
+    calibrate's gate, which for an embedding model is the embedding's cosine on held-out photos."""
     import onnx
 
     from vitdeploy.bundle import Bundle
@@ -281,8 +281,13 @@ def test_precision_passes_on_the_towers_and_the_units_name_the_head(hub, key, na
     add_fp16_to_bundle(Bundle.open(root), data=str(data))
     fp16 = Bundle.open(root).artifact_record("fp16")  # (a failed gate raises and writes nothing)
     assert fp16["gate"]["passed"] and fp16["sanity"]["output"] == "embedding"
-    record = calibrate_bundle(root, CalibrateOptions(data=str(data), samples=16, method="minmax", threads=1))
+    held_out = tmp_path / "held-out.npy"
+    np.save(held_out, real_photos(24, *NATIVE)[16:])
+    record = calibrate_bundle(root, CalibrateOptions(data=str(data), eval_data=str(held_out), samples=16, method="minmax", threads=1))
     assert record["placement"]["quantized_layers"] > 0
+    gate = record["evaluation"]["gate"]
+    assert gate["passed"], gate
+    assert record["evaluation"]["reference"]["scored"] == "embedding" and record["evaluation"]["reference"]["top1_agreement"] is None
     photos = real_photos(24, *NATIVE)[16:]
     with OrtRunner(root / "model.onnx") as fp32, OrtRunner(root / "model.int8.onnx") as int8:
         ref, got = fp32.infer(photos)["embedding"], int8.infer(photos)["embedding"]
