@@ -116,6 +116,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
 
 PHASE_CPU_KEY = {"setup": "cpu_setup_s", "call": "cpu_s", "teardown": "cpu_teardown_s"}
 CPU_SUMMARY_TOP = 30
+CPU_SUMMARY_FILES = 25
 _cpu_by_test: dict[str, float] = {}
 
 
@@ -160,7 +161,7 @@ def _cpu_summary(terminalreporter: Any) -> None:
         by_file[nodeid.split("::", 1)[0]] = by_file.get(nodeid.split("::", 1)[0], 0.0) + cpu
     write = terminalreporter.write_line
     terminalreporter.section(f"CPU time: {total:.0f} s in {len(_cpu_by_test)} tests (set-up + call + tear-down)")
-    files = sorted(by_file.items(), key=lambda kv: -kv[1])[:15]
+    files = sorted(by_file.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY_FILES]
     write("by file: " + ", ".join(f"{Path(name).stem.removeprefix('test_')} {cpu:.0f}" for name, cpu in files))
     for nodeid, cpu in sorted(_cpu_by_test.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY_TOP]:
         write(f"{cpu:7.1f} s  {nodeid}")
