@@ -113,6 +113,15 @@ def _listing(root: Path) -> dict[str, list[int]]:
     return out
 
 
+def _cpu_seconds() -> float:
+    """This process's CPU time and its waited-for children's: what a build cost (the stamp records it, so
+    the suite's costliest shared artifacts can be listed from the cache folder)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 @contextmanager
 def _locked(lock: Path) -> Iterator[None]:
     lock.parent.mkdir(parents=True, exist_ok=True)
@@ -149,13 +158,14 @@ class ArtifactCache:
             if folder.exists():  # changed, or a build that died before its stamp
                 shutil.rmtree(folder)
             folder.mkdir()
+            cpu_before = _cpu_seconds()
             try:
                 build(folder)
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
             stamp.write_text(json.dumps({"key": _with_contents(key), "label": label, "built": time.time(),
-                                         "files": _listing(folder)}, default=str))
+                                         "build_cpu_s": round(_cpu_seconds() - cpu_before, 2), "files": _listing(folder)}, default=str))
             return folder
 
     def prune(self, days: float = UNUSED_DAYS) -> int:

@@ -98,6 +98,35 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     item.user_properties.append(("load_per_core", max(load_before, _load_per_core())))
 
 
+# Set-up and tear-down are measured too (not guarded): the shared exports are paid in fixtures' set-up,
+# and the run's CPU summary below must see them. Each phase's report carries its own key.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    start = _cpu_seconds()
+    yield
+    item.user_properties.append(("cpu_setup_s", _cpu_seconds() - start))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Any:
+    start = _cpu_seconds()
+    yield
+    item.user_properties.append(("cpu_teardown_s", _cpu_seconds() - start))
+
+
+PHASE_CPU_KEY = {"setup": "cpu_setup_s", "call": "cpu_s", "teardown": "cpu_teardown_s"}
+CPU_SUMMARY_TOP = 30
+CPU_SUMMARY_FILES = 25
+_cpu_by_test: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Runs where the reports arrive: under xdist in the controller, with the worker's user_properties.
+    cpu = dict(report.user_properties).get(PHASE_CPU_KEY.get(report.when, ""))
+    if cpu is not None:
+        _cpu_by_test[report.nodeid] = _cpu_by_test.get(report.nodeid, 0.0) + cpu
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     outcome = yield
@@ -120,9 +149,29 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         ArtifactCache(Path(cache.mkdir("vitdeploy-artifacts"))).prune()
 
 
+def _cpu_summary(terminalreporter: Any) -> None:
+    """What bounds the suite's time on a quiet machine: the CPU seconds of every test's set-up, call and
+    tear-down (this process and the CLI subprocesses it waited for), in total, by file, and the top tests.
+    Wall time is not used: under load it stretches with whatever else runs."""
+    if not _cpu_by_test:
+        return
+    total = sum(_cpu_by_test.values())
+    by_file: dict[str, float] = {}
+    for nodeid, cpu in _cpu_by_test.items():
+        by_file[nodeid.split("::", 1)[0]] = by_file.get(nodeid.split("::", 1)[0], 0.0) + cpu
+    write = terminalreporter.write_line
+    terminalreporter.section(f"CPU time: {total:.0f} s in {len(_cpu_by_test)} tests (set-up + call + tear-down)")
+    files = sorted(by_file.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY_FILES]
+    write("by file: " + ", ".join(f"{Path(name).stem.removeprefix('test_')} {cpu:.0f}" for name, cpu in files))
+    for nodeid, cpu in sorted(_cpu_by_test.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY_TOP]:
+        write(f"{cpu:7.1f} s  {nodeid}")
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """The documentation's shell examples, counted where a reader of the run sees it (issue 42): how many run in
-    tests/test_docs.py and how many say what they need (their reasons are among the skips above)."""
+    tests/test_docs.py and how many say what they need (their reasons are among the skips above); and the
+    run's CPU time (see _cpu_summary)."""
+    _cpu_summary(terminalreporter)
     if any("test_docs" in str(arg) for arg in config.args) or not any("test_" in str(arg) for arg in config.args):
         from doc_blocks import blocks
 

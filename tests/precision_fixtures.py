@@ -19,16 +19,24 @@ CHECK_IMAGES = 8  # the export's own verification against PyTorch (the tests com
 TIMM = "timm:vit_tiny_patch16_224"
 
 
-@pytest.fixture(scope="session")
-def variant_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from vitdeploy.calibration.stress_models import digits_variant, write_reference_checkpoint
+DIGITS_KINDS = ("outliers", "massive", "block-fault")
+TIMM_KINDS = ("plain", "outliers", "massive")
 
-    root = tmp_path_factory.mktemp("precision-variants")
-    paths = {}
-    for kind in ("outliers", "massive", "block-fault"):
-        model, config, record = digits_variant(kind)
-        paths[kind] = write_reference_checkpoint(model, config, record, root / f"digits-{kind}.safetensors")
-    return paths
+
+# The checkpoints live in the run's shared artifact cache, not in a worker's temp folder: the exports are
+# keyed on their paths, so one folder for every worker and every module that imports these fixtures
+# means each variant is exported once per run (and reused by the next run while the code is unchanged).
+@pytest.fixture(scope="session")
+def variant_checkpoints(shared_artifact: Any) -> dict[str, Path]:
+    def build(root: Path) -> None:
+        from vitdeploy.calibration.stress_models import digits_variant, write_reference_checkpoint
+
+        for kind in DIGITS_KINDS:
+            model, config, record = digits_variant(kind)
+            write_reference_checkpoint(model, config, record, root / f"digits-{kind}.safetensors")
+
+    root = shared_artifact(["precision-variants", DIGITS_KINDS], build)
+    return {kind: root / f"digits-{kind}.safetensors" for kind in DIGITS_KINDS}
 
 
 def _export(export_cached: Any, checkpoints: dict[str, Path], kind: str, **options: Any) -> Any:
@@ -51,25 +59,27 @@ def fault_bundle(export_cached: Any, variant_checkpoints: dict[str, Path]) -> An
 
 
 @pytest.fixture(scope="session")
-def timm_variants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def timm_variants(shared_artifact: Any) -> dict[str, Path]:
     """Depth-2 timm ViT-Tiny state dicts: random weights (seeded), with outliers, with a massive stream."""
-    import torch
 
-    from vitdeploy.calibration.stress_models import plant_massive_residual, plant_outliers, write_timm_checkpoint
-    from vitdeploy.exporters.sources import load_source
+    def build(root: Path) -> None:
+        import torch
 
-    root = tmp_path_factory.mktemp("timm-variants")
-    paths = {}
-    for kind in ("plain", "outliers", "massive"):
-        torch.manual_seed(0)
-        model = load_source(TIMM, model_kwargs={"depth": 2}, random_init=True).model
-        record: dict[str, Any] = {"kind": "plain"}
-        if kind == "outliers":
-            record = plant_outliers(model, 64.0)
-        elif kind == "massive":
-            record = plant_massive_residual(model, 2.0**15)
-        paths[kind] = write_timm_checkpoint(model, record, root / f"tiny2-{kind}.safetensors")
-    return paths
+        from vitdeploy.calibration.stress_models import plant_massive_residual, plant_outliers, write_timm_checkpoint
+        from vitdeploy.exporters.sources import load_source
+
+        for kind in TIMM_KINDS:
+            torch.manual_seed(0)
+            model = load_source(TIMM, model_kwargs={"depth": 2}, random_init=True).model
+            record: dict[str, Any] = {"kind": "plain"}
+            if kind == "outliers":
+                record = plant_outliers(model, 64.0)
+            elif kind == "massive":
+                record = plant_massive_residual(model, 2.0**15)
+            write_timm_checkpoint(model, record, root / f"tiny2-{kind}.safetensors")
+
+    root = shared_artifact(["timm-variants", TIMM, TIMM_KINDS], build)
+    return {kind: root / f"tiny2-{kind}.safetensors" for kind in TIMM_KINDS}
 
 
 def export_timm(export_cached: Any, paths: dict[str, Path], kind: str) -> Any:

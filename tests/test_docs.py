@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from doc_blocks import Block, blocks
+from doc_cli_cache import CACHE_ENV as DOCS_EXPORT_CACHE
 
 ROOT = Path(__file__).resolve().parents[1]
 README_MAX_BYTES = 15 * 1024
@@ -138,9 +139,20 @@ def test_shell_blocks_run_or_say_what_they_need() -> None:
     assert not vague, f"a needs mark must say what is needed: {vague}"
 
 
-def _workdir(tmp: Path, digits: Path) -> Dict[str, str]:
+@pytest.fixture(scope="session")
+def cli_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the `vitdeploy` the blocks run: the installed CLI, with exports of a built-in model
+    that another block already ran with the same flags copied from the run's cache (tests/doc_cli_cache.py)."""
+    folder = tmp_path_factory.mktemp("docs-cli")
+    script = folder / "vitdeploy"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).with_name("doc_cli_cache.py")}" "$@"\n')
+    script.chmod(0o755)
+    return folder
+
+
+def _workdir(tmp: Path, digits: Path, cli: Path, export_cache: Path) -> Dict[str, str]:
     """The reader's folder: the demo's bundle and a few images under the names the docs use, the
-    checkout's scripts and examples, and an empty, offline Hugging Face cache."""
+    checkout's scripts and examples, and an empty, offline Hugging Face cache; `vitdeploy` is `cli`'s."""
     import numpy as np
     from PIL import Image
     from sklearn.datasets import load_digits
@@ -158,16 +170,43 @@ def _workdir(tmp: Path, digits: Path) -> Dict[str, str]:
         (tmp / name).symlink_to(ROOT / name)
     (tmp / ".venv").symlink_to(Path(sys.executable).parent.parent)
     bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "HF_HUB_OFFLINE": "1",
-            "HF_HOME": str(tmp / "hf-home"), "VITDEPLOY_ORT_THREADS": "1", "MPLBACKEND": "Agg"}
+    return {**os.environ, "PATH": os.pathsep.join([str(cli), bin_dir, os.environ.get("PATH", "")]), "HF_HUB_OFFLINE": "1",
+            "HF_HOME": str(tmp / "hf-home"), "VITDEPLOY_ORT_THREADS": "1", "MPLBACKEND": "Agg",
+            DOCS_EXPORT_CACHE: str(export_cache)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=[b.id for b in SHELL_BLOCKS])
-def test_shell_block(block: Block, tmp_path: Path, digits_bundle: Any) -> None:
+def test_shell_block(block: Block, tmp_path: Path, digits_bundle: Any, cli_dir: Path, artifact_cache: Any) -> None:
     if block.needs:
         pytest.skip(f"{block.id} needs: {block.needs}")
-    env = _workdir(tmp_path, Path(digits_bundle.root))
+    env = _workdir(tmp_path, Path(digits_bundle.root), cli_dir, artifact_cache.root)
     run = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.script()], cwd=tmp_path, env=env,
                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert run.returncode == 0, f"{block.id} exited {run.returncode}:\n{block.script()}\n--- stderr ---\n{run.stderr[-3000:]}"
+
+
+def test_the_blocks_cli_serves_only_repeated_builtin_exports(tmp_path: Path) -> None:
+    from doc_cli_cache import cacheable, split_output
+
+    assert split_output(["builtin:digits", "-o", "b", "--merge-tokens", "4"]) == ("b", ["builtin:digits", "--merge-tokens", "4"])
+    assert split_output(["--output=b", "--outputs", "embedding"]) == ("b", ["--outputs", "embedding"])
+    assert split_output(["-ob", "-o", "c"])[0] is None  # twice: not understood, so never served
+    assert cacheable(["export", "-o", "feat", "--outputs", "embedding"], tmp_path) == ("feat", ["--outputs", "embedding"])
+    (tmp_path / "exists").mkdir()
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    for args in (["export", "builtin:digits", "-o", "exists"],  # the CLI carries engines over: run it for real
+                 ["export", "ref:model.safetensors", "-o", "b"], ["export", "timm:vit_tiny_patch16_224", "-o", "b"],
+                 ["export", "-o", "b", "--fp16-data", "model.safetensors"],  # a file of the block's folder
+                 ["export", "-o", "b", "timm:vit_tiny_patch16_224"],  # a source after the options
+                 ["check", "bundle"], ["export", "--help"], ["export", "builtin:digits"]):
+        assert cacheable(args, tmp_path) is None, args
+
+
+def test_a_failing_export_is_not_kept_and_fails_the_same_way_again(tmp_path: Path, cli_dir: Path) -> None:
+    env = {**os.environ, DOCS_EXPORT_CACHE: str(tmp_path / "cache"), "PATH": f"{cli_dir}{os.pathsep}{os.environ['PATH']}"}
+    runs = [subprocess.run(["vitdeploy", "export", "builtin:nothing", "-o", "b"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True) for _ in range(2)]
+    assert [r.returncode for r in runs] == [runs[0].returncode] * 2 and runs[0].returncode != 0
+    assert runs[0].stderr == runs[1].stderr and "nothing" in runs[0].stderr and "Traceback" not in runs[0].stderr
+    assert not (tmp_path / "b").exists() and not list((tmp_path / "cache").glob("*/.artifact-stamp.json"))

@@ -13,6 +13,7 @@ which would make position-handling errors invisible in the logits).
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,18 +47,25 @@ def _give_positions_weight(model: torch.nn.Module) -> None:
 
 
 @pytest.fixture(scope="module")
-def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def family_checkpoints(shared_artifact) -> dict[str, dict]:
+    """The checkpoints are written once per run into the shared artifact cache (the exports are keyed on
+    their paths, so every worker then shares each export); each module instance reloads the models."""
     import timm
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
-    root = tmp_path_factory.mktemp("family_checkpoints")
+    def build(root: Path) -> None:
+        for key, (name, kwargs, _static) in FAMILIES.items():
+            torch.manual_seed(0)
+            model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval()
+            _give_positions_weight(model)
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(root / f"{key}.safetensors"))
+
+    root = shared_artifact(["export-families-checkpoints", FAMILIES], build)
     out = {}
     for key, (name, kwargs, static) in FAMILIES.items():
-        torch.manual_seed(0)
-        model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval()
-        _give_positions_weight(model)
         path = root / f"{key}.safetensors"
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+        model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval()
+        model.load_state_dict(load_file(str(path)))
         out[key] = {"name": name, "kwargs": kwargs, "static": static, "model": model,
                     "options": {"checkpoint": str(path), "model_kwargs": kwargs}}
     return out

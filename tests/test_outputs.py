@@ -33,16 +33,21 @@ FAMILIES = [*TIMM, "hf_vit"]
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
+def hf_dir(shared_artifact):
+    """Written once per run into the shared artifact cache: the exports are keyed on this path, so every
+    worker shares them."""
+    return shared_artifact(["outputs-hf-vit", 1], _write_hf_vit) / "vit"
+
+
+def _write_hf_vit(root):
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("hf") / "vit"
+    out = root / "vit"
     config = ViTConfig(image_size=64, patch_size=16, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
                        intermediate_size=96, num_labels=4, id2label={i: f"c{i}" for i in range(4)}, label2id={f"c{i}": i for i in range(4)})
     ViTForImageClassification(config).save_pretrained(out)
     ViTImageProcessor(size={"height": 64, "width": 64}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]).save_pretrained(out)
-    return out
 
 
 def _source(family, hf_dir):

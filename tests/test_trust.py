@@ -97,20 +97,23 @@ def test_repeated_label_names_are_legitimate(digits_bundle, copy_bundle, tmp_pat
 
 # -- 3. the graph's identity ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def other_graph(tmp_path_factory) -> Path:
-    """A vitdeploy graph of the same contract but other weights (the digits model, perturbed)."""
-    import vitdeploy.builtin
-    from safetensors.torch import load_file, save_file
+def other_graph(shared_artifact) -> Path:
+    """A vitdeploy graph of the same contract but other weights (the digits model, perturbed); exported
+    once per run for every worker (the shared artifact cache)."""
 
-    here = Path(vitdeploy.builtin.__file__).parent
-    state = load_file(str(here / "digits.safetensors"))
-    state["head.bias"] = state["head.bias"] + 0.5
-    root = tmp_path_factory.mktemp("other")
-    ckpt = root / "digits-other.safetensors"
-    save_file(state, str(ckpt))
-    shutil.copy(here / "digits.json", root / "digits-other.json")
-    assert cli("export", f"ref:{ckpt}", "-o", root / "b", "--no-check").exit_code == 0
-    return root / "b" / "model.onnx"
+    def build(root: Path) -> None:
+        import vitdeploy.builtin
+        from safetensors.torch import load_file, save_file
+
+        here = Path(vitdeploy.builtin.__file__).parent
+        state = load_file(str(here / "digits.safetensors"))
+        state["head.bias"] = state["head.bias"] + 0.5
+        ckpt = root / "digits-other.safetensors"
+        save_file(state, str(ckpt))
+        shutil.copy(here / "digits.json", root / "digits-other.json")
+        assert cli("export", f"ref:{ckpt}", "-o", root / "b", "--no-check").exit_code == 0
+
+    return shared_artifact(["trust-other-graph", 1], build) / "b" / "model.onnx"
 
 
 def test_a_swapped_graph_is_refused_everywhere(digits_bundle, copy_bundle, other_graph: Path, tmp_path: Path) -> None:
