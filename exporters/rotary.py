@@ -14,9 +14,6 @@ recomputation, not a resampling, and the rule is timm's: integer grid coordinate
   dynamo exporter); an absolute table (EVA-02 has one) is resampled with the bundle's convention,
   as for plain ViTs.
 
-DINOv3's rotary (``RotaryEmbeddingDinoV3``: patch centres normalised by the grid) is recorded here;
-its dynamic coordinates are computed in-graph by its adapter (exporters/adapters/timm_dinov3.py).
-
 sin/cos and the rotation multiplies stay fp32 in the fp16 graph (``exporters/fp16.py``), as timm
 computes them in fp32 under autocast.
 """
@@ -35,7 +32,6 @@ from vitdeploy.posembed import PosEmbedInterpolation, resample_pos_embed
 SUPPORTED_TYPES = {
     "RotaryEmbeddingCat": "cat",
     "RotaryEmbeddingMixed": "mixed",
-    "RotaryEmbeddingDinoV3": "dinov3",  # re-gridded by its adapter (exporters/adapters/timm_dinov3.py)
 }
 
 
@@ -47,8 +43,7 @@ def rope_type(model: Any) -> str | None:
     if kind is None:
         raise UserError(
             f"rotary embedding {type(rope).__name__} is not one vitdeploy has verified (supported: axial "
-            "'cat' as in EVA-02 and vit_*_rope_*, learned 'mixed' as in vit_*_rope_mixed_*, centred 'dinov3' as in "
-            "vit_*_dinov3*)"
+            "'cat' as in EVA-02 and vit_*_rope_*, learned 'mixed' as in vit_*_rope_mixed_*)"
         )
     return kind
 
@@ -60,8 +55,6 @@ def rotary_record(model: Any) -> dict[str, Any] | None:
         return None
     rope = model.rope
     indexing = str(rope.grid_indexing)
-    if kind == "dinov3":
-        return _dinov3_record(rope, indexing)
     if kind == "mixed":
         return {
             "type": "mixed",
@@ -90,24 +83,6 @@ def rotary_record(model: Any) -> dict[str, Any] | None:
         "rotate_half": bool(rope.rotate_half),
         "rule": (f"axial sin/cos of {coords}{scale}, {indexing} indexing, x {bands}; "
                  f"{'half' if rope.rotate_half else 'interleaved'} layout (timm RotaryEmbeddingCat)"),
-    }
-
-
-def _dinov3_record(rope: Any, indexing: str) -> dict[str, Any]:
-    periods = (f"periods {rope.min_period:g} to {rope.max_period:g}" if rope.min_period is not None and rope.max_period is not None
-               else f"periods temperature^(4j/head_dim), temperature {rope.temperature:g}")
-    offset = f" + {rope.grid_offset:g}" if rope.grid_offset else ""
-    return {
-        "type": "dinov3",
-        "grid_indexing": indexing,
-        "grid_type": "centered",
-        "normalize_coords": str(rope.normalize_coords),
-        "grid_offset": float(rope.grid_offset),
-        "temperature": float(rope.temperature) if rope.temperature is not None else None,
-        "rotate_half": bool(rope.rotate_half),
-        "rule": (f"axial sin/cos of patch centres 2(i + 0.5{offset})/G - 1 in [-1, 1] (G: {rope.normalize_coords} per axis), "
-                 f"{indexing} indexing, x 2 pi / {periods}; {'half' if rope.rotate_half else 'interleaved'} layout "
-                 "(timm RotaryEmbeddingDinoV3)"),
     }
 
 

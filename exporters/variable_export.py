@@ -37,6 +37,8 @@ def export_variable_size(source: Any, out_dir: str | Path, opts: Any, log: Calla
 
     _validate(opts)
     out_dir, loaded = open_export(source, out_dir, opts, log)  # the same steps as a one-size export
+    if loaded.adapter.variable_size_refusal is not None:
+        loaded.adapter.variable_parts(loaded)  # the family's own reason comes first (one line)
     if not has_head(loaded):  # the masked graph returns class scores only
         raise UserError(f"--variable-size exports logits and probs; {loaded.source.get('kind')}:{loaded.source.get('name')} has no "
                         "classification head (an embedding model): export it per size (--resolution) or with --dynamic-resolution")

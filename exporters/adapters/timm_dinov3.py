@@ -59,7 +59,7 @@ class TimmDinoV3(TimmEva):
                             f"{', '.join(NORMALIZATIONS)}")
 
     def spec(self, model: Any, name: str) -> ViTSpec:
-        spec = spec_from_eva(model, name)
+        spec = spec_from_eva(model, name, rotary=rotary_record(model.rope))
         return dataclasses.replace(spec, architecture="dinov3", extra_terms=_extra_terms(model, spec))
 
     def make_dynamic(self, loaded: Any, interp: Any) -> tuple[Any, ViTSpec]:
@@ -108,6 +108,27 @@ def centred_rope_embed(rope: Any, shape: Any = None, dtype: Any = None) -> Any:
 
     embed = torch.cat([on_grid(sines), on_grid(cosines)], dim=-1)
     return embed if dtype is None else embed.to(dtype=dtype)
+
+
+
+def rotary_record(rope: Any) -> dict[str, Any]:
+    """The manifest's record of DINOv3's rotary rule (timm's RotaryEmbeddingDinoV3)."""
+    indexing = str(rope.grid_indexing)
+    periods = (f"periods {rope.min_period:g} to {rope.max_period:g}" if rope.min_period is not None and rope.max_period is not None
+               else f"periods temperature^(4j/head_dim), temperature {rope.temperature:g}")
+    offset = f" + {rope.grid_offset:g}" if rope.grid_offset else ""
+    return {
+        "type": "dinov3",
+        "grid_indexing": indexing,
+        "grid_type": "centered",
+        "normalize_coords": str(rope.normalize_coords),
+        "grid_offset": float(rope.grid_offset),
+        "temperature": float(rope.temperature) if rope.temperature is not None else None,
+        "rotate_half": bool(rope.rotate_half),
+        "rule": (f"axial sin/cos of patch centres 2(i + 0.5{offset})/G - 1 in [-1, 1] (G: {rope.normalize_coords} per axis), "
+                 f"{indexing} indexing, x 2 pi / {periods}; {'half' if rope.rotate_half else 'interleaved'} layout "
+                 "(timm RotaryEmbeddingDinoV3)"),
+    }
 
 
 def _as_float(size: Any, like: Any) -> Any:

@@ -44,7 +44,9 @@ class TimmEva(TimmFamily):
         return model, loaded.spec
 
 
-def spec_from_eva(model: Any, name: str) -> ViTSpec:
+def spec_from_eva(model: Any, name: str, rotary: dict[str, Any] | None = None) -> ViTSpec:
+    """The spec of a timm Eva; ``rotary``: the manifest's rotary record when a subclass adapter makes its own
+    (DINOv3), else the one exporters/rotary.py knows for timm's axial and mixed RoPE."""
     from ..rotary import rotary_record
 
     d = int(model.embed_dim)
@@ -52,7 +54,7 @@ def spec_from_eva(model: Any, name: str) -> ViTSpec:
     has_abs = model.pos_embed is not None
     regs = int(model.reg_token.shape[1]) if getattr(model, "reg_token", None) is not None else 0
     prefix = int(model.num_prefix_tokens)
-    rotary = rotary_record(model)
+    rotary = rotary if rotary is not None else rotary_record(model)
     if name.startswith("eva02"):
         architecture = "eva02"
     elif rotary and "rope" in name:
