@@ -230,12 +230,13 @@ def test_map_head_cost_equals_a_count_of_its_multiplies(hub):
 
 
 # -- check, lint, precisions, refusals --------------------------------------------------------------------
-def test_check_passes_on_the_clip_tower(hub):
+@pytest.mark.parametrize("key", ["clip", "siglip", "siglip2"])
+def test_check_passes_on_each_tower(hub, key):
     from vitdeploy.checks import CheckOptions, run_check
 
     with pytest.MonkeyPatch.context() as mp:
         offline_hub(mp, hub.home)
-        report = run_check(hub.bundle("clip").root, CheckOptions(random_count=4, write_report=False))
+        report = run_check(hub.bundle(key).root, CheckOptions(random_count=4, write_report=False))
     assert report["passed"], report["failures"]
 
 
