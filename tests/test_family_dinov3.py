@@ -307,8 +307,8 @@ def test_fp16_keeps_rope_fp32_and_passes_its_gate(bundles, copy_bundle):
 
 
 def test_int8_calibrate_passes_its_gate_and_keeps_rope_out_of_qdq(bundles, copy_bundle, tmp_path):
-    """A headless bundle has no logits for calibrate's own gate (it records the recipe as not measured), so
-    `check` gates the INT8 graph: 1st-percentile cosine of the embedding and the patch grid."""
+    """A headless bundle is gated by calibrate on its embedding's cosine against fp32 (held-out photos), then
+    `check` gates the INT8 graph again: 1st-percentile cosine of the embedding and the patch grid."""
     import onnx
 
     from vitdeploy.calibration.api import CalibrateOptions, calibrate_bundle
@@ -320,7 +320,10 @@ def test_int8_calibrate_passes_its_gate_and_keeps_rope_out_of_qdq(bundles, copy_
     assert position
     calib = tmp_path / "calib.npy"
     np.save(calib, real_photos(16, *NATIVE))
-    calibrate_bundle(root, CalibrateOptions(data=str(calib), method="minmax"))
+    held = tmp_path / "held.npy"
+    np.save(held, real_photos(28, *NATIVE)[16:])
+    record = calibrate_bundle(root, CalibrateOptions(data=str(calib), eval_data=str(held), method="minmax"))
+    assert record["evaluation"]["gate"]["passed"] and record["evaluation"]["reference"]["scored"] == "embedding"
     report = run_check(root, CheckOptions(precisions=("int8",), random_count=8, write_report=False))
     assert report["passed"], report["failures"]
     int8 = onnx.load(str(root / "model.int8.onnx"))

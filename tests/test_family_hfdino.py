@@ -340,7 +340,9 @@ def test_dinov3_check_gates_fp32_fp16_int8_with_rotary_in_float(hub, copy_bundle
         floats = [types.get(t) for t in list(node.input) + list(node.output) if types.get(t) in (1, 10)]
         assert floats and all(t == onnx.TensorProto.FLOAT for t in floats), node.name
     np.save(tmp_path / "calib.npy", real_photos(16, 64, 64))
-    calibrate_bundle(root, CalibrateOptions(data=str(tmp_path / "calib.npy"), method="minmax"))
+    np.save(tmp_path / "held.npy", real_photos(28, 64, 64)[16:])
+    record = calibrate_bundle(root, CalibrateOptions(data=str(tmp_path / "calib.npy"), eval_data=str(tmp_path / "held.npy"), method="minmax"))
+    assert record["evaluation"]["gate"]["passed"] and record["evaluation"]["reference"]["scored"] == "embedding"  # headless: the embedding
     int8 = onnx.load(str(root / "model.int8.onnx"))
     assert _dequantized_inputs(int8, position | rotary) == []
     offline_hub(monkeypatch, hub["home"])

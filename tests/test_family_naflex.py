@@ -273,8 +273,11 @@ def test_fp16_int8_and_the_map_head_as_a_role(bundles, copy_bundle, tmp_path, mo
     assert Bundle.open(root).artifact_record("fp16")["sanity"]["top1_agreement"] == 1.0
     data = tmp_path / "calib.npy"
     np.save(data, real_photos(16, 64, 112))
-    record = calibrate_bundle(root, CalibrateOptions(data=str(data), method="minmax"))
-    assert record and (root / "model.int8.onnx").is_file()
+    held = tmp_path / "held.npy"
+    np.save(held, real_photos(32, 64, 112)[16:])
+    record = calibrate_bundle(root, CalibrateOptions(data=str(data), eval_data=str(held), method="minmax"))
+    assert record["evaluation"]["gate"]["passed"], record["evaluation"]["gate"]  # agreement and cosine vs fp32, held-out photos
+    assert (root / "model.int8.onnx").is_file()
 
 
 # -- dynamic ---------------------------------------------------------------------------------------------
