@@ -192,6 +192,8 @@ def test_calibrate_and_convert_gate_an_embedding_model_on_its_embedding(tower, t
     proc = _cli("convert", str(bundle), "--precision", "fp16", "--data", "digits:test", env=tower["env"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "embedding cosine p1" in proc.stdout
+    wrote = next(line for line in proc.stdout.splitlines() if line.startswith("wrote model.fp16.onnx"))
+    assert "max |d embedding|" in wrote and "agreement" not in wrote  # no classes to agree on
     gate = json.loads((bundle / "manifest.json").read_text())["artifacts"]["fp16"]["gate"]
     assert gate["passed"] and gate["task"]["scored"] == "embedding" and gate["task"]["cosine_p1"] >= 0.99
     assert gate["task"]["data"] == "digits:test" and gate["task"]["top1_agreement"] is None

@@ -91,8 +91,7 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
     modules = record.get("user_kept_fp32_modules") or {}
     click.echo(f"wrote {path.name}: fp32 kept for {', '.join(record['kept_fp32_op_types'] + list(modules))} and "
                f"{record['preprocessing_nodes_fp32']} preprocessing nodes; {record['placement']['linear_ops_fp16']}/{record['placement']['linear_ops']} "
-               f"linear layers in fp16; seeded-image check: max |dlogit| "
-               f"{sanity.get('max_abs_logit_diff', float('nan')):.2e}, top-1 agreement {sanity.get('top1_agreement', float('nan')):.0%}")
+               f"linear layers in fp16; seeded-image check: " + _sanity_text(sanity))
     task = (record.get("gate") or {}).get("task")
     if task:
         if task.get("scored") == "embedding":  # an embedding model: no classes
@@ -107,3 +106,11 @@ def command(bundle, precision, target, keep_fp32, data, eval_data, data_max, rec
         click.echo(f"variable size: the {mask['mask_path_nodes']} nodes computed from valid_hw (masks, key bias, per-sample position "
                    f"tables) and their {mask['joins']} joins with the image stream kept in fp32; seeded mixed sizes in one padded "
                    "batch vs each image alone through fp32 within the fp16 gate; edge valid_hw rows finite")
+
+
+def _sanity_text(sanity: dict) -> str:
+    """The seeded-image numbers of the scored output; an embedding has no classes, so no agreement."""
+    diff = sanity.get("max_abs_logit_diff", float("nan"))
+    if sanity.get("output", "logits") != "logits":
+        return f"max |d {sanity['output']}| {diff:.2e}"
+    return f"max |dlogit| {diff:.2e}, top-1 agreement {sanity.get('top1_agreement', float('nan')):.0%}"
