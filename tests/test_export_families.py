@@ -22,6 +22,7 @@ import torch
 from vitdeploy.errors import UserError
 from vitdeploy.preprocess import random_images
 from vitdeploy.runtime.ort import OrtRunner
+from qdq_checks import dequantized_consumers, dequantized_inputs
 
 pytestmark = pytest.mark.slow
 
@@ -299,13 +300,9 @@ def test_int8_keeps_bias_and_position_math_out_of_qdq(family_checkpoints, export
     np.save(data, random_images(16, 224, 224, seed=0))
     calibrate_bundle(root, CalibrateOptions(data=str(data), method="minmax"))
     int8 = onnx.load(str(root / "model.int8.onnx"))
-    consumers: dict[str, list] = {}
-    for node in int8.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    dq_consumers = {c.op_type for n in int8.graph.node if n.op_type == "DequantizeLinear" for c in consumers.get(n.output[0], [])}
+    dq_consumers = dequantized_consumers(int8)
     assert dq_consumers and dq_consumers <= {"MatMul", "Gemm", "Conv"}
-    assert not [n for n in int8.graph.node if n.name in position and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert dequantized_inputs(int8, position) == []  # no position node reads a dequantized tensor
 
 
 @pytest.mark.parametrize("family", ["beit", "eva02"])

@@ -24,6 +24,7 @@ from hf_cache import offline_hub, write_state_dict
 from photos import real_photos
 
 from vitdeploy.errors import UserError
+from qdq_checks import dequantized_consumers, dequantized_inputs
 
 pytestmark = pytest.mark.slow
 
@@ -327,13 +328,9 @@ def test_int8_calibrate_passes_its_gate_and_keeps_rope_out_of_qdq(bundles, copy_
     report = run_check(root, CheckOptions(precisions=("int8",), random_count=8, write_report=False))
     assert report["passed"], report["failures"]
     int8 = onnx.load(str(root / "model.int8.onnx"))
-    consumers: dict[str, list] = {}
-    for node in int8.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    dq_consumers = {c.op_type for n in int8.graph.node if n.op_type == "DequantizeLinear" for c in consumers.get(n.output[0], [])}
+    dq_consumers = dequantized_consumers(int8)
     assert dq_consumers and dq_consumers <= {"MatMul", "Gemm", "Conv"}
-    assert not [n for n in int8.graph.node if n.name in position and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert dequantized_inputs(int8, position) == []  # no position node reads a dequantized tensor
 
 
 def test_variable_size_is_refused_in_one_line(hub, tmp_path):

@@ -24,6 +24,7 @@ from photos import real_photos
 from vitdeploy.compare import reference_spread
 from vitdeploy.errors import UserError
 from vitdeploy.runtime.ort import OrtRunner
+from qdq_checks import dequantized_inputs
 
 pytestmark = pytest.mark.slow  # exports
 
@@ -263,12 +264,6 @@ def test_build_engine_lint_every_tensorrt(hub, key, copy_bundle):
         assert "nothing it cannot parse" in res.output, (version, res.output)
 
 
-def _dequantized_inputs(model, names: set[str]) -> list[str]:
-    """Nodes among ``names`` that read a DequantizeLinear output (Q/DQ nodes are new: look at what they feed)."""
-    produced_by = {out: node.op_type for node in model.graph.node for out in node.output}
-    return [n.name for n in model.graph.node if n.name in names and any(produced_by.get(i) == "DequantizeLinear" for i in n.input)]
-
-
 def test_dinov2_registers_fp16_and_int8_pass_their_gates_with_positions_in_float(hub, copy_bundle, tmp_path, monkeypatch):
     """The in-graph table (gathered weights, two MatMuls on constants) stays fp32 in the fp16 graph and has
     no Q/DQ in the int8 one; both pass their gates (int8 relative: agreement and cosine on held-out photos),
@@ -301,7 +296,7 @@ def test_dinov2_registers_fp16_and_int8_pass_their_gates_with_positions_in_float
     result = calibrate_bundle(root, CalibrateOptions(data=str(tmp_path / "calib.npy"), eval_data=str(tmp_path / "held.npy"), method="minmax"))
     assert result["evaluation"]["gate"]["passed"], result["evaluation"]
     int8 = onnx.load(str(root / "model.int8.onnx"))
-    assert _dequantized_inputs(int8, position) == []  # the table's MatMuls read float constants
+    assert dequantized_inputs(int8, position) == []  # the table's MatMuls read float constants
     consumers: dict[str, list] = {}
     for node in int8.graph.node:
         for name in node.input:
@@ -344,7 +339,7 @@ def test_dinov3_check_gates_fp32_fp16_int8_with_rotary_in_float(hub, copy_bundle
     record = calibrate_bundle(root, CalibrateOptions(data=str(tmp_path / "calib.npy"), eval_data=str(tmp_path / "held.npy"), method="minmax"))
     assert record["evaluation"]["gate"]["passed"] and record["evaluation"]["reference"]["scored"] == "embedding"  # headless: the embedding
     int8 = onnx.load(str(root / "model.int8.onnx"))
-    assert _dequantized_inputs(int8, position | rotary) == []
+    assert dequantized_inputs(int8, position | rotary) == []
     offline_hub(monkeypatch, hub["home"])
     report = run_check(root, CheckOptions(random_count=8, write_report=False))
     assert report["passed"], report["failures"]

@@ -26,7 +26,7 @@ from vitdeploy.errors import UserError
 from vitdeploy.spec import ViTSpec
 
 from .base import register_family
-from .hf_common import HFFamily, hf_base
+from .hf_common import HFFamily, pair_of, hf_base
 
 
 def vision_config(config: Any) -> Any:
@@ -41,18 +41,30 @@ class HFTower(HFFamily):
 
     base_attr = "vision_model"
     class_token: ClassVar[bool] = True
+    dual_encoder: ClassVar[str] = ""  # the published dual-encoder class (CLIPModel, SiglipModel): exports its image tower
+    tower_class: ClassVar[str] = ""  # the class that tower is built as
+
+    def load_plan(self, config: Any, arch: str) -> tuple[str, Any, bool]:
+        if arch == self.dual_encoder:  # the dual encoder: its image tower, built from its vision sub-config
+            tower = copy.deepcopy(config.vision_config)
+            self.adapt_tower(tower, config)
+            tower.architectures = [self.tower_class]
+            return self.tower_class, tower, True
+        return arch, config, arch not in self.classifiers
+
+    def adapt_tower(self, tower: Any, config: Any) -> None:
+        """What the tower's sub-config takes from the dual encoder's (CLIP: the projection width)."""
 
     # -- the spec ----------------------------------------------------------------------------------
     def spec_from_config(self, config: Any, model: Any, arch: str, headless: bool) -> ViTSpec:
         vision = vision_config(config)
-        pair = lambda v: (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))  # noqa: E731
-        size, patch = pair(self.table_size(vision)), pair(vision.patch_size)
+        size, patch = pair_of(self.table_size(vision)), pair_of(vision.patch_size)
         if size[0] % patch[0] or size[1] % patch[1]:  # e.g. google/siglip-so400m-patch14-384: 384 = 27 x 14 + 6
             raise UserError(f"{arch}: its {size[0]}x{size[1]} images are not whole {patch[0]}x{patch[1]} patches (transformers' "
                             "patch Conv drops the remainder rows and columns); vitdeploy bundles take whole patches only")
         spec = ViTSpec(
-            image_size=pair(self.table_size(vision)),
-            patch_size=pair(vision.patch_size),
+            image_size=size,
+            patch_size=patch,
             embed_dim=vision.hidden_size,
             depth=vision.num_hidden_layers,
             num_heads=vision.num_attention_heads,
@@ -145,13 +157,11 @@ class HFCLIP(HFTower):
     backbone = "CLIPVisionModel"
     published_as = ("CLIPVisionModelWithProjection", "CLIPModel")
 
-    def load_plan(self, config: Any, arch: str) -> tuple[str, Any, bool]:
-        if arch == "CLIPModel":  # the dual encoder: its image tower with the projection into the joint space
-            tower = copy.deepcopy(config.vision_config)
-            tower.projection_dim = config.projection_dim  # the sub-config's own default (512) need not be it
-            tower.architectures = ["CLIPVisionModelWithProjection"]
-            return "CLIPVisionModelWithProjection", tower, True
-        return arch, config, arch not in self.classifiers
+    dual_encoder = "CLIPModel"
+    tower_class = "CLIPVisionModelWithProjection"  # the image tower with the projection into the joint space
+
+    def adapt_tower(self, tower: Any, config: Any) -> None:
+        tower.projection_dim = config.projection_dim  # the sub-config's own default (512) need not be it
 
     def loaded_extra(self, model: Any) -> dict[str, Any]:
         projection = getattr(model, "visual_projection", None)

@@ -65,8 +65,8 @@ class HFFamily(FamilyAdapter):
         distill = self.distill_tokens(config)
         abs_table = self.abs_table(config)
         return ViTSpec(
-            image_size=_pair(config.image_size),
-            patch_size=_pair(config.patch_size),
+            image_size=pair_of(config.image_size),
+            patch_size=pair_of(config.patch_size),
             embed_dim=config.hidden_size,
             depth=config.num_hidden_layers,
             num_heads=config.num_attention_heads,
@@ -209,7 +209,7 @@ def adapter_class(model_type: str) -> type[HFFamily] | None:
     return by_type.get(model_type)
 
 
-def _pair(value: Any) -> tuple[int, int]:
+def pair_of(value: Any) -> tuple[int, int]:
     return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 

@@ -54,12 +54,8 @@ class HFSiglip(HFTower):
     published_as = ("SiglipModel",)
     class_token = False
 
-    def load_plan(self, config: Any, arch: str) -> tuple[str, Any, bool]:
-        if arch == self.published_as[0]:  # the dual encoder: its image tower (the image embedding is its pooler_output)
-            tower = copy.deepcopy(config.vision_config)
-            tower.architectures = [self.backbone]
-            return self.backbone, tower, True
-        return arch, config, arch not in self.classifiers
+    dual_encoder = "SiglipModel"
+    tower_class = "SiglipVisionModel"  # the image embedding is the tower's pooler_output
 
     def pool(self, model: Any, headless: bool) -> str:
         return "map" if headless and getattr(hf_base(model), "head", None) is not None else "avg"
@@ -95,6 +91,8 @@ class HFSiglip2(HFSiglip):
     classifiers = ("Siglip2ForImageClassification",)
     backbone = "Siglip2VisionModel"
     published_as = ("Siglip2Model",)
+    dual_encoder = "Siglip2Model"
+    tower_class = "Siglip2VisionModel"
     keeps_trained_table = True  # its table is resized to every image's grid; the processor decides the size
     # transformers 4.x: F.interpolate(antialias=True), a Resize TensorRT's parser rejects; 5.x: explicit weights guarded
     # by runtime checks (aten._is_all_true) the ONNX exporter cannot convert
